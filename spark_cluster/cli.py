@@ -1,0 +1,205 @@
+"""The commands. They parse arguments, call the core, and hand results to ui; nothing else.
+
+Exit codes: 0 ok, 1 findings or failure, 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import click
+
+from . import __version__, ui
+from .errors import SparkClusterError
+from .inventory import InventoryError, load_inventory
+from .nodes import fleet_for
+
+DEBUG_LOG = Path("~/.spark-cluster/debug.log").expanduser()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="spark-cluster")
+@click.option("--debug", is_flag=True, help="Show full tracebacks of internal errors.")
+def cli(debug: bool) -> None:
+    """Turn DGX Sparks joined by their QSFP link into one vLLM server."""
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+def validate(inventory: str) -> int:
+    """Check an inventory file; print every problem as FILE:LINE: message."""
+    ui.console.print(ui.inventory_summary(load_inventory(inventory)))
+    return 0
+
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--node", "node", metavar="NAME", help="Run on this node only.")
+@click.option("--sudo", is_flag=True, help="Run the command with sudo (never prompts).")
+@click.option("--ask-sudo-pass", is_flag=True, help="Ask once for the sudo password; never stored.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds before the command is abandoned.")
+def exec_(inventory: str, command: tuple[str, ...], node: str | None, sudo: bool,
+          ask_sudo_pass: bool, timeout: float) -> int:
+    """Run COMMAND on every node (or one) at once: `exec INV -- nvidia-smi -L`.
+
+    One word is handed to the node's shell as it is (`-- 'dmesg | tail'`); several words
+    are quoted one by one, so each reaches the command as one argument.
+    """
+    inv = load_inventory(inventory)
+    line = command[0] if len(command) == 1 else shlex.join(command)
+    password = getpass.getpass("sudo password for the nodes: ") if ask_sudo_pass else None
+    with fleet_for(inv, only=node, sudo_password=password) as fleet:
+        results = fleet.run(line, sudo=sudo or ask_sudo_pass, timeout=timeout)
+    ui.exec_results(results)
+    failed = [name for name, value in results.items()
+              if isinstance(value, Exception) or not value.ok]
+    return 1 if failed else 0
+
+
+@cli.group()
+def lab() -> None:
+    """The simulated lab: Sparks as network namespaces with real sshd (needs root)."""
+
+
+@lab.command("up")
+@click.option("--nodes", "count", default=2, show_default=True, help="How many Sparks.")
+@click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the lab's inventory here.")
+def lab_up(count: int, inventory_out: Path | None) -> int:
+    """Create the simulated Sparks, start their sshd, write key and known_hosts."""
+    from .sim import lab as simlab
+
+    started = time.monotonic()
+    lab_, created = simlab.up(count, inventory_out)
+    verb = "up" if created else "already up"
+    ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
+    for node in lab_.nodes:
+        ui.console.print(f"  {node.name}  {node.address}  namespace {node.namespace}")
+    ui.console.print(f"  key {lab_.identity}, known_hosts {lab_.known_hosts}")
+    if inventory_out is not None:
+        ui.console.print(f"  inventory written to {inventory_out}")
+    return 0
+
+
+@lab.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def lab_status(as_json: bool) -> int:
+    """Does each node answer over SSH, and what is broken on it."""
+    from .sim import lab as simlab
+    from .sim.report import lab_report
+
+    simlab.require_root()
+    current = simlab.load_lab()
+    if current is None:
+        raise SparkClusterError("no lab is up\n  hint: spark-cluster lab up")
+    reports = lab_report(current)
+    ui.lab_status(reports, as_json)
+    return 0 if all(r.healthy for r in reports) else 1
+
+
+@lab.command("break")
+@click.argument("node")
+@click.argument("fault")
+def lab_break(node: str, fault: str) -> int:
+    """Break NODE the way a real Spark breaks (see `lab faults`)."""
+    from .sim import lab as simlab
+    from .sim.breakage import break_node
+
+    ui.console.print(break_node(_current_lab(simlab), node, fault))
+    return 0
+
+
+@lab.command("heal")
+@click.argument("node")
+def lab_heal(node: str) -> int:
+    """Undo every fault on NODE."""
+    from .sim import lab as simlab
+    from .sim.breakage import heal_node
+
+    ui.console.print(heal_node(_current_lab(simlab), node))
+    return 0
+
+
+@lab.command("faults")
+def lab_faults() -> int:
+    """List the faults `lab break` can inject."""
+    from .sim.faults import FAULTS
+
+    for fault in FAULTS:
+        ui.console.print(fault)
+    return 0
+
+
+@lab.command("down")
+def lab_down() -> int:
+    """Stop every lab process and remove its namespaces, links and files."""
+    from .sim import lab as simlab
+
+    problems = simlab.down()
+    if problems:
+        raise SparkClusterError("lab down left things behind:\n  " + "\n  ".join(problems))
+    ui.console.print("lab down: no namespace, process, link or file of the lab is left")
+    return 0
+
+
+def _current_lab(simlab):  # noqa: ANN001, ANN202 - the lazily imported module
+    simlab.require_root()
+    current = simlab.load_lab()
+    if current is None:
+        raise SparkClusterError("no lab is up\n  hint: spark-cluster lab up")
+    return current
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run a command and turn every error into a message and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        code = cli.main(args=args, prog_name="spark-cluster", standalone_mode=False)
+    except click.exceptions.Abort:
+        ui.error("aborted")
+        code = 130
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    except InventoryError as exc:
+        for problem in exc.problems:
+            ui.err_console.print(str(problem), markup=False)
+        count = len(exc.problems)
+        ui.err_console.print(f"{count} problem{'s' * (count != 1)}; fix {'them' if count > 1 else 'it'} and run again",
+                             style="red")
+        code = exc.exit_code
+    except SparkClusterError as exc:
+        ui.error(str(exc))
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        ui.error("interrupted")
+        code = 130
+    except Exception:  # noqa: BLE001 - the last wall before a traceback reaches a user
+        if "--debug" in args or os.environ.get("SPARK_CLUSTER_DEBUG"):
+            raise
+        code = _internal_error()
+    sys.exit(code or 0)
+
+
+def _internal_error() -> int:
+    exc_type, exc, tb = sys.exc_info()
+    where = traceback.extract_tb(tb)[-1] if tb else None
+    try:
+        DEBUG_LOG.parent.mkdir(parents=True, exist_ok=True)
+        with DEBUG_LOG.open("a") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} spark-cluster {__version__}\n")
+            log.write(traceback.format_exc())
+        logged = f"full traceback in {DEBUG_LOG}"
+    except OSError:
+        logged = "run again with --debug for the traceback"
+    at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+    name = exc_type.__name__ if exc_type else "error"
+    ui.error(f"internal error{at}: {name}: {exc}\n  {logged}; please report it")
+    return 1

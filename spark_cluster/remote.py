@@ -1,0 +1,310 @@
+"""Running commands on nodes: one persistent SSH connection per node, and a Fleet over them.
+
+`Node.run` never raises for a non-zero exit: it returns a frozen `Result`. It raises only
+what the caller cannot turn into a result: the node is unreachable, refuses us, has an
+unknown or changed host key, needs a sudo password, or the command ran past its timeout.
+`Fleet.map` turns those into per-node values, so one failing node never stops the others.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from .errors import CommandTimeout, SparkClusterError
+from .ssh_connect import open_connection
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What one command did on one node."""
+
+    node: str
+    command: str
+    stdout: str
+    stderr: str
+    exit_code: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def tail(self, stream: str = "stdout", count: int = 10) -> str:
+        text = self.stdout if stream == "stdout" else self.stderr
+        return "\n".join(text.rstrip("\n").splitlines()[-count:])
+
+    def check(self) -> "Result":
+        """Return self when the command succeeded, else raise CommandFailed."""
+        if not self.ok:
+            raise CommandFailed(self)
+        return self
+
+
+class CommandFailed(SparkClusterError):
+    """A command exited non-zero where the caller needed it to succeed."""
+
+    def __init__(self, result: Result) -> None:
+        self.result = result
+        lines = [f"{result.node}: `{result.command}` exited {result.exit_code}"]
+        for stream in ("stdout", "stderr"):
+            tail = result.tail(stream)
+            if tail:
+                lines.append(f"  last lines of {stream}:")
+                lines.extend(f"    {line}" for line in tail.splitlines())
+        super().__init__("\n".join(lines))
+
+
+class SudoPasswordRequired(SparkClusterError):
+    """sudo -n refused because the user's sudo rule wants a password."""
+
+    def __init__(self, node: str, user: str) -> None:
+        super().__init__(
+            f"{node}: sudo needs a password for {user}\n"
+            "  hint: add a rule on the node with "
+            f"`echo '{user} ALL=(ALL) NOPASSWD: ALL' | sudo tee /etc/sudoers.d/spark-cluster`, "
+            "or run again with --ask-sudo-pass (asked once, never stored)"
+        )
+
+
+def with_env(command: str, env: Mapping[str, str] | None) -> str:
+    """Prefix a command with `env K=V ...`, every word quoted."""
+    if not env:
+        return command
+    assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
+    return f"env {assignments} sh -c {shlex.quote(command)}"
+
+
+def as_sudo(command: str) -> str:
+    """`sudo -n` never prompts: a password rule becomes a clear error instead of a hang."""
+    return f"sudo -n -- sh -c {shlex.quote(command)}"
+
+
+_SUDO_PASSWORD_MARKERS = ("a password is required", "a terminal is required")
+
+
+class Node(Protocol):
+    """What every step needs of a node: a name and a way to run a command."""
+
+    name: str
+
+    def run(
+        self,
+        command: str,
+        *,
+        sudo: bool = False,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> Result: ...
+
+    def close(self) -> None: ...
+
+
+class SSHNode:
+    """A node reached over one persistent SSH connection, opened on first use."""
+
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        user: str,
+        port: int = 22,
+        identity: str | None = None,
+        *,
+        known_hosts: Sequence[str] = (),
+        host_key_policy: str = "strict",
+        connect_timeout: float = 10.0,
+        sudo_password: str | None = None,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.user = user
+        self.port = port
+        self.identity = identity
+        self.known_hosts = tuple(known_hosts)
+        self.host_key_policy = host_key_policy
+        self.connect_timeout = connect_timeout
+        self._sudo_password = sudo_password
+        self._connection = None
+        # Several steps (log follower, memory sampler) may share a node from threads.
+        self._lock = threading.Lock()
+
+    def connect(self):  # -> fabric.Connection
+        with self._lock:
+            if self._connection is None:
+                self._connection = open_connection(
+                    self.name,
+                    self.host,
+                    self.user,
+                    self.port,
+                    self.identity,
+                    known_hosts=self.known_hosts,
+                    host_key_policy=self.host_key_policy,
+                    connect_timeout=self.connect_timeout,
+                )
+            return self._connection
+
+    def run(
+        self,
+        command: str,
+        *,
+        sudo: bool = False,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        from invoke.exceptions import CommandTimedOut
+
+        connection = self.connect()
+        full = with_env(command, env)
+        started = time.monotonic()
+        try:
+            if sudo and self._sudo_password is not None:
+                connection.config.sudo.password = self._sudo_password
+                raw = connection.sudo(
+                    full, hide=True, warn=True, timeout=timeout, in_stream=False
+                )
+            else:
+                raw = connection.run(
+                    as_sudo(full) if sudo else full,
+                    hide=True,
+                    warn=True,
+                    timeout=timeout,
+                    in_stream=False,
+                )
+        except CommandTimedOut:
+            raise CommandTimeout(
+                f"{self.name}: `{command}` ran past its {timeout:g} s timeout"
+            ) from None
+        result = Result(
+            node=self.name,
+            command=command,
+            stdout=raw.stdout,
+            stderr=raw.stderr,
+            exit_code=raw.exited,
+            seconds=time.monotonic() - started,
+        )
+        if sudo and result.exit_code == 1 and any(
+            marker in result.stderr for marker in _SUDO_PASSWORD_MARKERS
+        ):
+            raise SudoPasswordRequired(self.name, self.user)
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+
+class LocalNode:
+    """This machine, for steps that run here (the lab's own set-up, tests)."""
+
+    def __init__(self, name: str = "local") -> None:
+        self.name = name
+
+    def run(
+        self,
+        command: str,
+        *,
+        sudo: bool = False,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        full = with_env(command, env)
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                ["sh", "-c", as_sudo(full) if sudo else full],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(
+                f"{self.name}: `{command}` ran past its {timeout:g} s timeout"
+            ) from None
+        return Result(
+            node=self.name,
+            command=command,
+            stdout=done.stdout,
+            stderr=done.stderr,
+            exit_code=done.returncode,
+            seconds=time.monotonic() - started,
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class FleetResult(Mapping[str, "T | Exception"], Generic[T]):
+    """Each node's value or the error it raised, in inventory order."""
+
+    def __init__(self, values: dict[str, T | Exception]) -> None:
+        self._values = values
+
+    def __getitem__(self, name: str) -> T | Exception:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def succeeded(self) -> dict[str, T]:
+        return {k: v for k, v in self._values.items() if not isinstance(v, Exception)}
+
+    @property
+    def failed(self) -> dict[str, Exception]:
+        return {k: v for k, v in self._values.items() if isinstance(v, Exception)}
+
+
+class Fleet:
+    """All nodes of a cluster; runs a function on each at once."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = tuple(nodes)
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def map(self, fn: Callable[[Node], T]) -> FleetResult[T]:
+        """Call fn on every node in parallel; an exception becomes that node's value."""
+
+        def guarded(node: Node) -> T | Exception:
+            try:
+                return fn(node)
+            except Exception as exc:  # noqa: BLE001 - a failure is that node's value
+                return exc
+
+        if not self.nodes:
+            return FleetResult({})
+        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            values = list(pool.map(guarded, self.nodes))
+        return FleetResult({n.name: v for n, v in zip(self.nodes, values)})
+
+    def run(self, command: str, **kwargs: object) -> FleetResult[Result]:
+        return self.map(lambda node: node.run(command, **kwargs))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()

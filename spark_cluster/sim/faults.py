@@ -1,0 +1,154 @@
+"""Faults as a real Spark gets them, at the level of the node's state (spark-hosts.md §1, §5).
+
+link-down, mtu and disk-full are done live by the lab (interfaces, tmpfs); they are only
+recorded here so that `lab status` can list them. The state-level faults leave exactly what
+the real breakage leaves, so the real repair, run through the stand-ins, undoes it:
+
+    kernel-update    newer kernel booted, its linux-modules-nvidia-580-open-<kver> missing
+                     -> apt-get install linux-modules-nvidia-580-open-$(uname -r); modprobe nvidia
+    driver-mismatch  userspace (and on-disk modules) upgraded under a loaded old nvidia.ko
+                     -> reboot
+    module-unloaded  nvidia_uvm not loaded -> modprobe nvidia_uvm
+    memory-hog       `ollama` holding 104 GiB -> stop it (the lab owns the process)
+    clock-skew       clock 7.5 s ahead -> date -s / NTP
+"""
+
+from __future__ import annotations
+
+
+from spark_cluster.sim.state import (
+    DRIVERS, GIB_KIB, HWE_METAS, KERNELS, NVIDIA_MODULES, USERSPACE, add_consumer, healthy_state,
+    kernel_records, meta_records, module_driver, module_package, module_record, userspace_driver,
+    userspace_records,
+)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
+if TYPE_CHECKING:
+    from typing import Any
+
+FAULTS: tuple[str, ...] = ("kernel-update", "driver-mismatch", "module-unloaded", "link-down", "mtu",
+                           "memory-hog", "disk-full", "clock-skew")
+HOG = "ollama"
+HOG_KIB = 104 * GIB_KIB
+SKEW_S = 7.5
+
+
+def _later(current: str, known: list[str]) -> str:
+    after = known[known.index(current) + 1:] if current in known else []
+    if not after:
+        raise ValueError(f"no version newer than {current} in {known}")
+    return after[0]
+
+
+def _kernel_update(state: dict[str, Any], to: str | None = None) -> None:
+    old = state["kernel"]["running"]
+    new = to or _later(old, list(KERNELS))
+    if new not in KERNELS:
+        raise ValueError(f"unknown kernel {new!r}; known: {', '.join(KERNELS)}")
+    packages, archive = state["packages"], state["archive"]
+    # `apt upgrade` took the new kernel through its metas; phased updates held back the
+    # module meta, so nothing pulled in the matching nvidia modules (§1.2 cause 1).
+    packages.update(kernel_records(new))
+    for name, rec in meta_records(new).items():
+        archive[name] = [rec]
+        if name in HWE_METAS:
+            packages[name] = rec
+    packages.pop(module_package(new), None)
+    # ...and the machine rebooted into it: no nvidia.ko for this kernel, so none loaded.
+    state["kernel"]["running"] = new
+    state["modules"]["loaded"] = [m for m in state["modules"]["loaded"] if m not in NVIDIA_MODULES]
+    state["driver"]["loaded"] = None
+    state["reboot_required"] = False
+
+
+def _driver_mismatch(state: dict[str, Any], to: str | None = None) -> None:
+    old = userspace_driver(state) or ""
+    new = to or _later(old, list(DRIVERS))
+    if new not in DRIVERS:
+        raise ValueError(f"unknown driver {new!r}; known: {', '.join(DRIVERS)}")
+    packages, archive = state["packages"], state["archive"]
+    kver = state["kernel"]["running"]
+    if "nvidia" not in state["modules"]["loaded"]:  # the old module must be the one running
+        state["modules"]["loaded"] += [m for m in NVIDIA_MODULES if m not in state["modules"]["loaded"]]
+        state["driver"]["loaded"] = module_driver(state, kver) or old
+    # An upgrade nobody ran (unattended-upgrades, §1.6): the archive moved to the new build,
+    # userspace and every installed nvidia.ko were replaced on disk, the loaded module was not.
+    for name, rec in userspace_records(new).items():
+        archive[name] = [rec]
+        if name in USERSPACE or name.startswith("nvidia-firmware-"):
+            packages[name] = rec
+    for known in KERNELS:
+        archive[module_package(known)] = [module_record(known, new)]
+        if module_package(known) in packages:
+            packages[module_package(known)] = module_record(known, new)
+    state["reboot_required"] = True
+
+
+def _module_unloaded(state: dict[str, Any]) -> None:
+    state["modules"]["loaded"] = [m for m in state["modules"]["loaded"] if m != "nvidia_uvm"]
+
+
+def _memory_hog(state: dict[str, Any], hog_pid: int | None = None, kib: int = HOG_KIB) -> None:
+    if not isinstance(hog_pid, int):
+        raise ValueError("memory-hog needs hog_pid=<pid of the running hog process>")
+    add_consumer(state, HOG, kib, pid=hog_pid, gpu=True, type="C", process="/usr/local/bin/ollama",
+                 fault="memory-hog")
+
+
+def _clock_skew(state: dict[str, Any], seconds: float = SKEW_S) -> None:
+    state["clock"]["offset_s"] = float(seconds)
+
+
+_APPLY = {"kernel-update": _kernel_update, "driver-mismatch": _driver_mismatch,
+          "module-unloaded": _module_unloaded, "memory-hog": _memory_hog, "clock-skew": _clock_skew}
+
+
+def apply_fault(state: dict[str, Any], fault: str, **details: Any) -> dict[str, Any]:
+    """Break `state` in place (and return it) the way `fault` breaks a real Spark."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+    if fault in _APPLY:
+        _APPLY[fault](state, **details)
+    if fault not in state["faults"]:
+        state["faults"].append(fault)
+    state["fault_details"][fault] = details
+    return state
+
+
+def heal(state: dict[str, Any]) -> dict[str, Any]:
+    """Back to healthy in place, keeping the node's identity, its images and containers and any
+    memory consumer a fault did not put there (a running vLLM's weights)."""
+    identity = state["identity"]
+    fresh = healthy_state(identity["hostname"], identity["index"])
+    fresh["identity"] = identity
+    for key in ("uuid", "vbios"):
+        fresh["gpu"][key] = state["gpu"][key]
+    fresh["net"] = state["net"]
+    fresh["docker"] = state["docker"]
+    fresh["memory"]["consumers"] = {n: c for n, c in state["memory"]["consumers"].items() if not c.get("fault")}
+    state.clear()
+    state.update(fresh)
+    return state
+
+
+def in_force(state: dict[str, Any], fault: str) -> bool:
+    """Whether a recorded fault still shows; the lab's live faults always count."""
+    loaded = state["modules"]["loaded"]
+    kver = state["kernel"]["running"]
+    if fault == "kernel-update":
+        return module_driver(state, kver) is None or "nvidia" not in loaded
+    if fault == "driver-mismatch":
+        return state["driver"]["loaded"] != userspace_driver(state) or state["reboot_required"]
+    if fault == "module-unloaded":
+        return "nvidia_uvm" not in loaded
+    if fault == "memory-hog":
+        return HOG in state["memory"]["consumers"]
+    if fault == "clock-skew":
+        return float(state["clock"]["offset_s"]) != 0.0
+    return True
+
+
+def prune_faults(state: dict[str, Any]) -> None:
+    """Forget the state-level faults a repair has undone."""
+    state["faults"] = [f for f in state["faults"] if in_force(state, f)]
+    state["fault_details"] = {f: d for f, d in state["fault_details"].items() if f in state["faults"]}

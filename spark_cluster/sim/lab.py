@@ -1,0 +1,357 @@
+"""Bring the simulated lab up and down: namespaces, a real sshd per node, keys, inventory.
+
+Nothing in the rest of spark-cluster knows it is talking to the lab: it gets an inventory,
+a known_hosts file and a key, and reaches every node over real SSH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import LabError
+from . import netns
+from .layout import LAB_ROOT, NodePaths
+from .state import healthy_state, render, save_state, write_etc, write_wrappers
+
+SSHD = "/usr/sbin/sshd"
+LAB_FILE = "lab.json"
+CACHE_SIZE = "1g"
+REQUIRED_TOOLS = {
+    "ip": "iproute2",
+    "ssh-keygen": "openssh-client",
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+    "ping": "iputils-ping",
+}
+
+
+@dataclass(frozen=True)
+class LabNode:
+    name: str
+    index: int
+    address: str
+    sshd_pid: int
+
+    @property
+    def namespace(self) -> str:
+        return netns.namespace(self.name)
+
+    @property
+    def paths(self) -> NodePaths:
+        return NodePaths.for_node(self.name)
+
+
+@dataclass(frozen=True)
+class Lab:
+    root: Path
+    nodes: tuple[LabNode, ...]
+
+    @property
+    def identity(self) -> Path:
+        return self.root / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    def node(self, name: str) -> LabNode:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        known = ", ".join(n.name for n in self.nodes)
+        raise LabError(f"no node {name!r} in the lab (nodes: {known})")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError(
+            "the simulated lab needs root (network namespaces, mounts, sshd): run it with sudo"
+        )
+
+
+def _require_tools() -> None:
+    missing = [pkg for tool, pkg in REQUIRED_TOOLS.items() if shutil.which(tool) is None]
+    if not os.access(SSHD, os.X_OK):
+        missing.append("openssh-server")
+    if missing:
+        raise LabError(
+            "the lab needs these Debian packages: " + " ".join(sorted(set(missing)))
+            + f"\n  hint: apt-get install -y {' '.join(sorted(set(missing)))}"
+        )
+
+
+def load_lab(root: Path = LAB_ROOT) -> Lab | None:
+    try:
+        raw = json.loads((root / LAB_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return Lab(root, tuple(LabNode(**node) for node in raw["nodes"]))
+
+
+def _save_lab(lab: Lab) -> None:
+    raw = {"nodes": [node.__dict__ for node in lab.nodes]}
+    (lab.root / LAB_FILE).write_text(json.dumps(raw, indent=2) + "\n")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def reap(pid: int) -> None:
+    """Collect a process we started and killed, so it lingers in no table as a zombie."""
+    netns.wait_until(lambda: not pid_alive(pid), 2.0)
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not ours: whoever started it (or init) collects it
+
+
+def _keygen(path: Path, comment: str) -> None:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _sshd_config(paths: NodePaths, lab_root: Path) -> str:
+    return "\n".join(
+        [
+            "Port 22",
+            "ListenAddress 0.0.0.0",
+            f"HostKey {paths.ssh / 'ssh_host_ed25519_key'}",
+            f"PidFile {paths.ssh / 'sshd.pid'}",
+            f"AuthorizedKeysFile {lab_root / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            # No PAM: it would read this machine's /etc/environment into the node's PATH.
+            "UsePAM no",
+            # The lab's files live under /run, whose modes sshd's strict check dislikes.
+            "StrictModes no",
+            "PrintMotd no",
+            "PrintLastLog no",
+            # Many steps open channels on one connection at once (log follower, samplers).
+            "MaxSessions 64",
+            "MaxStartups 64:30:128",
+            "Subsystem sftp internal-sftp",
+            "",
+        ]
+    )
+
+
+def _boot_script(name: str, paths: NodePaths) -> str:
+    """What runs inside the node's new mount and UTS namespaces before sshd takes over."""
+    return "\n".join(
+        [
+            "set -e",
+            f"mount --bind {paths.bin} /usr/local/sbin",
+            f"mount --bind {paths.proc_driver} /proc/driver",
+            f"mount --bind {paths.meminfo} /proc/meminfo",
+            f"mount -t overlay spark-lab-etc -o lowerdir=/etc,upperdir={paths.etc_upper},"
+            f"workdir={paths.etc_work} /etc",
+            f"mount --bind {paths.tmp} /tmp",
+            "mkdir -p /root/.cache",
+            f"mount -t tmpfs -o size={CACHE_SIZE},mode=0755 spark-lab-cache /root/.cache",
+            "mkdir -p /root/.cache/huggingface",
+            f"hostname {name}",
+            f"exec {SSHD} -D -e -f {paths.ssh / 'sshd_config'}",
+        ]
+    )
+
+
+def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
+    paths = NodePaths.for_node(name, lab_root)
+    for directory in (paths.root, paths.bin, paths.proc_driver, paths.etc_upper,
+                      paths.etc_work, paths.tmp, paths.ssh, paths.log):
+        directory.mkdir(parents=True, exist_ok=True)
+    paths.tmp.chmod(0o1777)
+    state = healthy_state(name, index)
+    save_state(paths.state, state)
+    render(state, paths)
+    write_etc(state, paths)
+    write_wrappers(paths, sys.executable)
+    _keygen(paths.ssh / "ssh_host_ed25519_key", f"root@{name}")
+    (paths.ssh / "sshd_config").write_text(_sshd_config(paths, lab_root))
+    return paths
+
+
+def _start_sshd(name: str, paths: NodePaths) -> int:
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    log = (paths.log / "sshd.log").open("ab")
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", netns.namespace(name),
+         "unshare", "--mount", "--uts", "--propagation", "private",
+         "sh", "-c", _boot_script(name, paths)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    log.close()
+    return proc.pid
+
+
+def _port_open(address: str, port: int = 22) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def render_inventory(lab_root: Path, names: list[str]) -> str:
+    """The inventory of a lab of these nodes; inventories/sim.yaml is this for two."""
+    lines = [
+        "# The simulated lab: `spark-cluster lab up` creates these nodes, key and known_hosts.",
+        "# Written by `spark-cluster lab up --inventory-out FILE`; see docs/inventory.md.",
+        "cluster:",
+        "  name: sim",
+        "  runtime: host",
+        "  ray_port: 6379",
+        "  executor: ray",
+        "  ssh:",
+        "    host_key_policy: strict",
+        f"    known_hosts: {lab_root / 'known_hosts'}",
+        "    connect_timeout: 5",
+        "nodes:",
+    ]
+    for i, name in enumerate(names):
+        lines += [
+            f"  - name: {name}",
+            f"    address: {netns.mgmt_address(i)}",
+            "    user: root",
+            "    port: 22",
+            f"    identity: {lab_root / 'id_ed25519'}",
+            f"    role: {'head' if i == 0 else 'worker'}",
+            "    link:",
+            f"      mtu: {netns.LINK_MTU}",
+            "      rails:",
+        ]
+        for rail in netns.RAILS:
+            lines += [
+                f"        - interface: {rail.interface}",
+                f"          hca: {rail.hca}",
+                f"          address: {netns.rail_address(rail, i)}",
+            ]
+    lines += [
+        "model:",
+        "  name: spark-lab/tiny-moe",
+        "  hf_cache: /root/.cache/huggingface",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_ROOT,
+       timeout_s: float = 15.0) -> tuple[Lab, bool]:
+    """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept."""
+    require_root()
+    _require_tools()
+    if not 1 <= count <= 26:
+        raise LabError(f"--nodes must be between 1 and 26, not {count}")
+    existing = load_lab(lab_root)
+    if existing is not None:
+        if len(existing.nodes) == count and all(pid_alive(n.sshd_pid) for n in existing.nodes):
+            if inventory_out is not None:
+                _write_inventory(inventory_out, lab_root, [n.name for n in existing.nodes])
+            return existing, False
+        if len(existing.nodes) != count:
+            raise LabError(
+                f"a lab of {len(existing.nodes)} nodes is already up; "
+                "run `spark-cluster lab down` first to start one of a different size"
+            )
+    # Whatever an earlier, interrupted run left behind goes first.
+    down(lab_root)
+    names = netns.node_names(count)
+    try:
+        lab_root.mkdir(parents=True, exist_ok=False)
+        _keygen(lab_root / "id_ed25519", "spark-cluster-lab")
+        shutil.copy(lab_root / "id_ed25519.pub", lab_root / "authorized_keys")
+        netns.create_mgmt_bridge()
+        all_paths = []
+        for i, name in enumerate(names):
+            all_paths.append(_prepare_node(name, i, lab_root))
+            netns.create_node(name, i)
+        netns.cable(names)
+        nodes = []
+        for i, (name, paths) in enumerate(zip(names, all_paths)):
+            pid = _start_sshd(name, paths)
+            nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), pid))
+        lab = Lab(lab_root, tuple(nodes))
+        _save_lab(lab)
+        for node in nodes:
+            if not netns.wait_until(lambda: _port_open(node.address) or not pid_alive(node.sshd_pid),
+                                    timeout_s) or not pid_alive(node.sshd_pid):
+                log = (node.paths.log / "sshd.log").read_text(errors="replace").strip()
+                raise LabError(f"{node.name}: sshd did not start:\n{log[-2000:]}")
+        _write_known_hosts(lab)
+        if inventory_out is not None:
+            _write_inventory(inventory_out, lab_root, names)
+        return lab, True
+    except BaseException:
+        down(lab_root)
+        raise
+
+
+def _write_known_hosts(lab: Lab) -> None:
+    lines = []
+    for node in lab.nodes:
+        key_type, key = (node.paths.ssh / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+        lines.append(f"{node.address} {key_type} {key}")
+    lab.known_hosts.write_text("\n".join(lines) + "\n")
+
+
+def _write_inventory(path: Path, lab_root: Path, names: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_inventory(lab_root, names))
+
+
+def _kill_namespace(ns: str, deadline_s: float = 10.0) -> list[int]:
+    """Stop every process in a namespace: TERM, then KILL what is left. Returns survivors."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in netns.namespace_pids(ns):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if netns.wait_until(lambda: not [p for p in netns.namespace_pids(ns) if pid_alive(p)],
+                            deadline_s / 2):
+            return []
+    return [p for p in netns.namespace_pids(ns) if pid_alive(p)]
+
+
+def down(lab_root: Path = LAB_ROOT) -> list[str]:
+    """Tear everything down; returns what could not be removed (empty when clean)."""
+    require_root()
+    problems: list[str] = []
+    lab = load_lab(lab_root)
+    for ns in netns.lab_namespaces():
+        survivors = _kill_namespace(ns)
+        if survivors:
+            problems.append(f"{ns}: processes {survivors} would not stop")
+    if lab is not None:
+        for node in lab.nodes:
+            reap(node.sshd_pid)
+    for ns in netns.lab_namespaces():
+        netns.ip("netns", "del", ns, check=False)
+    for link in netns.lab_links():
+        netns.ip("link", "del", link, check=False)
+    shutil.rmtree(lab_root, ignore_errors=True)
+    problems += [f"namespace {ns} is still there" for ns in netns.lab_namespaces()]
+    problems += [f"link {link} is still there" for link in netns.lab_links()]
+    if lab_root.exists():
+        problems.append(f"{lab_root} is still there")
+    return problems

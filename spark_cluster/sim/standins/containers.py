@@ -1,0 +1,183 @@
+"""Containers as process groups on the node: what the docker stand-in starts, watches and stops.
+
+`docker run -d` starts a small supervisor in a new session (so it leads its own process
+group and outlives the SSH command); the supervisor runs the container's command in that
+group, logs to a file under the node root, and records the exit code when it ends. A
+container is running while its supervisor lives (same pid *and* start time, not a zombie).
+Processes started with `docker exec` get their own groups, recorded on the container so
+that stopping it stops them too, as stopping a real container does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from spark_cluster.sim.state import process_start as proc_start
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
+if TYPE_CHECKING:
+    from typing import Any
+
+    from spark_cluster.sim.layout import NodePaths
+    from spark_cluster.sim.standins.common import Ctx
+
+SUPERVISOR = ("import sys; sys.path.insert(0, sys.argv[1]); "
+              "from spark_cluster.sim.standins.containers import supervise; "
+              "supervise(sys.argv[2], sys.argv[3], sys.argv[4:])")
+EXIT_AFTER_REBOOT = 255
+
+
+def log_path(root: Path, cid: str) -> Path:
+    return root / "docker" / "containers" / f"{cid}.log"
+
+
+def alive(pid: int | None, start: int | None) -> bool:
+    now = proc_start(pid)
+    return now is not None and (start is None or now == start)
+
+
+def status(c: dict[str, Any]) -> str:
+    if c["status"] == "running":
+        return "running" if alive(c["pid"], c.get("start")) else "exited"
+    return c["status"]
+
+
+def exit_code(c: dict[str, Any]) -> int:
+    if c["status"] == "running" and not alive(c["pid"], c.get("start")):
+        return 137  # killed from outside before it could record anything
+    return c.get("exit_code") or 0
+
+
+def find(state: dict[str, Any], ref: str) -> dict[str, Any] | None:
+    containers = state["docker"]["containers"]
+    if ref in containers:
+        return containers[ref]
+    ref = ref.lstrip("/")
+    if ref in containers:
+        return containers[ref]
+    hits = [c for c in containers.values() if c["id"].startswith(ref)]
+    return hits[0] if len(hits) == 1 and ref else None
+
+
+def _signal_group(pgid: int, start: int | None, sig: int) -> None:
+    if alive(pgid, start):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_all(c: dict[str, Any], sig: int) -> None:
+    for pgid, start in c.get("execs", []):
+        _signal_group(pgid, start, sig)
+    _signal_group(c["pid"], c.get("start"), sig)
+
+
+def spawn(root: Path, cid: str, argv: list[str], env: dict[str, str], cwd: str | None) -> tuple[int, int | None]:
+    """Start the supervisor of container `cid` running `argv`; its pid and start time."""
+    log = log_path(root, cid)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    pkg_parent = str(Path(__file__).resolve().parents[3])
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-IS", "-c", SUPERVISOR, pkg_parent, str(root), cid, *argv],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=cwd, start_new_session=True, close_fds=True)
+    return proc.pid, proc_start(proc.pid)
+
+
+def supervise(root: str, cid: str, argv: list[str]) -> None:
+    """Run the container's command in this process group; record how it ended; end the group."""
+    from spark_cluster.sim.layout import NodePaths
+    from spark_cluster.sim.state import locked_state
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        # A handler, not SIG_IGN: the command must still die of the signal docker stop sends.
+        signal.signal(sig, lambda *_: None)
+    try:
+        code = subprocess.Popen(argv).wait()
+        code = code if code >= 0 else 128 - code
+    except OSError:
+        code = 127
+    with locked_state(NodePaths(Path(root))) as state:
+        c = next((c for c in state["docker"]["containers"].values() if c["id"] == cid), None)
+        if c is not None and c["status"] == "running":
+            c.update(status="exited", exit_code=code, finished=time.time())
+            for pgid, start in c.get("execs", []):
+                _signal_group(pgid, start, signal.SIGKILL)
+            c["execs"] = []
+            if c.get("rm"):
+                del state["docker"]["containers"][c["name"]]
+                log_path(Path(root), cid).unlink(missing_ok=True)
+    # Whatever the command left behind in the container goes with it.
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def wait_dead(c: dict[str, Any], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(c["pid"], c.get("start")):
+            return True
+        time.sleep(0.02)
+    return not alive(c["pid"], c.get("start"))
+
+
+def stop(ctx: Ctx, ref: str, timeout: float, force: bool = False) -> str | None:
+    """SIGTERM (or SIGKILL when forced), wait, SIGKILL; an error message if there is no such container."""
+    with ctx.locked() as state:
+        c = find(state, ref)
+        if c is None:
+            return f"Error response from daemon: No such container: {ref}"
+        snapshot = dict(c)
+    if status(snapshot) == "running":
+        signal_all(snapshot, signal.SIGKILL if force else signal.SIGTERM)
+        if not wait_dead(snapshot, 0 if force else timeout):
+            signal_all(snapshot, signal.SIGKILL)
+            wait_dead(snapshot, 5)
+        for pgid, start in snapshot.get("execs", []):
+            _signal_group(pgid, start, signal.SIGKILL)
+        with ctx.locked() as state:
+            c = find(state, snapshot["id"])
+            if c is not None and c["status"] == "running":
+                c.update(status="exited", exit_code=137, finished=time.time(), execs=[])
+                if c.get("rm"):
+                    del state["docker"]["containers"][c["name"]]
+    return None
+
+
+def stop_all(ctx: Ctx, state: dict[str, Any]) -> None:
+    """A reboot: every container process dies at once; what was running reads Exited (255)."""
+    containers = state["docker"]["containers"]
+    for name, c in list(containers.items()):
+        if status(c) != "running":
+            continue
+        signal_all(c, signal.SIGKILL)
+        c.update(status="exited", exit_code=EXIT_AFTER_REBOOT, finished=time.time(), execs=[])
+        if c.get("rm"):
+            del containers[name]
+            log_path(ctx.paths.root, c["id"]).unlink(missing_ok=True)
+
+
+def kill_all(paths: NodePaths) -> list[str]:
+    """For the lab's teardown: kill every container process group of a node (exec'd ones too);
+    returns the names of the containers that were running."""
+    from spark_cluster.sim.state import locked_state
+
+    with locked_state(paths) as state:
+        running = [c for c in state["docker"]["containers"].values() if status(c) == "running"]
+        for c in running:
+            signal_all(c, signal.SIGKILL)
+    for c in running:
+        wait_dead(c, 5)
+    with locked_state(paths) as state:
+        for c in running:
+            live = state["docker"]["containers"].get(c["name"])
+            if live is not None and live["status"] == "running":
+                live.update(status="exited", exit_code=137, finished=time.time(), execs=[])
+                if live.get("rm"):
+                    del state["docker"]["containers"][c["name"]]
+    return [c["name"] for c in running]

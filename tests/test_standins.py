@@ -1,0 +1,552 @@
+"""The stand-in tools, run as the executables a simulated Spark has on its PATH.
+
+Each test builds a scratch node (state file, rendered /proc files, wrappers) and runs the
+tools as subprocesses, asserting the lines a real DGX Spark prints (spark-hosts.md) and the
+exit codes; then breaks the node and repairs it through the same tools.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_cluster.sim.faults import apply_fault
+from spark_cluster.sim.layout import NodePaths
+from spark_cluster.sim.state import (
+    VLLM_IMAGE, healthy_state, load_state, locked_state, render, save_state, write_wrappers,
+)
+
+NOT_LOADED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+              "Make sure that the latest NVIDIA driver is installed and running.")
+
+
+class Node:
+    def __init__(self, root: Path, index: int = 0, python: str = sys.executable) -> None:
+        self.paths = NodePaths(root)
+        root.mkdir(parents=True, exist_ok=True)
+        state = healthy_state(root.name, index)
+        save_state(self.paths.state, state)
+        render(state, self.paths)
+        write_wrappers(self.paths, python=python)
+        self.env = {**os.environ, "PATH": f"{self.paths.bin}:{os.environ['PATH']}"}
+
+    def run(self, tool: str, *args: str, as_nobody: bool = False, **kw) -> subprocess.CompletedProcess[str]:
+        argv = [str(self.paths.bin / tool), *args]
+        if as_nobody:
+            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+        return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=60, cwd="/", **kw)
+
+    def out(self, tool: str, *args: str) -> str:
+        done = self.run(tool, *args)
+        assert done.returncode == 0, (tool, args, done.stdout, done.stderr)
+        return done.stdout
+
+    def fault(self, name: str, **details) -> None:
+        with locked_state(self.paths) as state:
+            apply_fault(state, name, **details)
+
+    @property
+    def state(self) -> dict:
+        return load_state(self.paths.state)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path / "nodes" / "spark-a")
+
+
+@pytest.fixture
+def public_node():
+    """A node that the unprivileged user can read, with wrappers on a Python it can run."""
+    python = "/usr/bin/python3"
+    ok = os.path.exists(python) and subprocess.run(
+        [python, "-c", "import sys; sys.exit(sys.version_info < (3, 11))"]).returncode == 0
+    if os.geteuid() != 0 or not ok or not shutil.which("setpriv"):
+        pytest.skip("needs root, setpriv and a system python3 >= 3.11")
+    base = Path(tempfile.mkdtemp(prefix="sim-public-"))
+    base.chmod(0o755)
+    try:
+        yield Node(base / "spark-a", python=python)
+    finally:
+        shutil.rmtree(base)
+
+
+# --- nvidia-smi --------------------------------------------------------------------------------
+
+def test_nvidia_smi_table_of_a_healthy_spark(node: Node) -> None:
+    lines = node.out("nvidia-smi").splitlines()
+    assert re.fullmatch(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}       ", lines[0])
+    # Rows as spark-hosts.md §3.1 shows them for driver 580.142 (S13), verbatim.
+    assert lines[1:] == [
+        "+-----------------------------------------------------------------------------------------+",
+        "| NVIDIA-SMI 580.142                Driver Version: 580.142        CUDA Version: 13.0     |",
+        "+-----------------------------------------+------------------------+----------------------+",
+        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+        "|                                         |                        |               MIG M. |",
+        "|=========================================+========================+======================|",
+        "|   0  NVIDIA GB10                    On  |   0000000F:01:00.0 Off |                  N/A |",
+        "| N/A   36C    P8              4W /  N/A  | Not Supported          |      0%      Default |",
+        "|                                         |                        |                  N/A |",
+        "+-----------------------------------------+------------------------+----------------------+",
+        "",
+        "+-----------------------------------------------------------------------------------------+",
+        "| Processes:                                                                              |",
+        "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+        "|        ID   ID                                                               Usage      |",
+        "|=========================================================================================|",
+        "|    0   N/A  N/A            2747      G   /usr/lib/xorg/Xorg                       18MiB |",
+        "|    0   N/A  N/A            2911      G   /usr/bin/gnome-shell                      6MiB |",
+        "+-----------------------------------------------------------------------------------------+",
+    ]
+
+
+def test_nvidia_smi_reproduces_the_captured_table_byte_for_byte(node: Node) -> None:
+    # Put the node in the situation of spark-hosts.md §3.1's OFFICIAL capture (S6) and compare.
+    with locked_state(node.paths) as s:
+        s["driver"]["loaded"] = s["packages"]["nvidia-utils-580"]["driver"] = "580.82.09"
+        s["gpu"].update(temperature_c=44, pstate="P0", power_w=10.2, persistence=False)
+        s["gpu"]["display_processes"] = [{"pid": 3405, "type": "G", "name": "/usr/lib/xorg/Xorg", "mib": 242},
+                                         {"pid": 3562, "type": "G", "name": "/usr/bin/gnome-shell", "mib": 53}]
+        s["memory"]["consumers"]["rapids"] = {"pid": 214921, "kib": 196 * 1024, "gpu": True,
+                                              "process": "/home/nvidia/miniconda3/envs/rapids-25.10/bin/python"}
+    captured = """\
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 580.82.09              Driver Version: 580.82.09      CUDA Version: 13.0     |
++-----------------------------------------+------------------------+----------------------+
+| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |
+|                                         |                        |               MIG M. |
+|=========================================+========================+======================|
+|   0  NVIDIA GB10                    Off |   0000000F:01:00.0 Off |                  N/A |
+| N/A   44C    P0             10W /  N/A  | Not Supported          |      0%      Default |
+|                                         |                        |                  N/A |
++-----------------------------------------+------------------------+----------------------+
+
++-----------------------------------------------------------------------------------------+
+| Processes:                                                                              |
+|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |
+|        ID   ID                                                               Usage      |
+|=========================================================================================|
+|    0   N/A  N/A            3405      G   /usr/lib/xorg/Xorg                      242MiB |
+|    0   N/A  N/A            3562      G   /usr/bin/gnome-shell                     53MiB |
+|    0   N/A  N/A          214921      C   .../envs/rapids-25.10/bin/python        196MiB |
++-----------------------------------------------------------------------------------------+
+"""
+    assert node.out("nvidia-smi").split("\n", 1)[1] == captured
+
+
+def test_nvidia_smi_list_and_queries(node: Node) -> None:
+    assert node.out("nvidia-smi", "-L") == "GPU 0: NVIDIA GB10 (UUID: GPU-b0ec33a0-2589-53de-953c-0713d37d0794)\n"
+    assert node.out("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv") == (
+        "name, driver_version\nNVIDIA GB10, 580.142\n")
+    assert node.out("nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version", "--format=csv") == (
+        "name, memory.total [MiB], memory.used [MiB], driver_version\nNVIDIA GB10, [N/A], [N/A], 580.142\n")
+    assert node.out("nvidia-smi", "--query-gpu=name,driver_version,pci.bus_id,utilization.gpu,power.draw",
+                    "--format=csv,noheader") == "NVIDIA GB10, 580.142, 0000000F:01:00.0, 0 %, 4.32 W\n"
+    assert node.out("nvidia-smi", "--query-gpu", "utilization.gpu,power.draw,power.limit,temperature.gpu,compute_cap",
+                    "--format", "csv,nounits") == (
+        "utilization.gpu, power.draw, power.limit, temperature.gpu, compute_cap\n0, 4.32, [N/A], 36, 12.1\n")
+    bad = node.run("nvidia-smi", "--query-gpu=name,bogus", "--format=csv")
+    assert (bad.returncode, bad.stdout) == (2, 'Field "bogus" is not a valid field to query.\n')
+    unknown = node.run("nvidia-smi", "--frobnicate")
+    assert unknown.returncode == 2 and "Please run 'nvidia-smi -h'" in unknown.stdout
+
+
+def test_nvidia_smi_q_reports_unified_memory(node: Node) -> None:
+    lines = node.out("nvidia-smi", "-q").splitlines()
+    assert lines[:9] == ["", "==============NVSMI LOG==============", "", lines[3],
+                         "Driver Version                            : 580.142",
+                         "CUDA Version                              : 13.0", "",
+                         "Attached GPUs                             : 1", "GPU 0000000F:01:00.0"]
+    assert "    Addressing Mode                       : ATS" in lines
+    at = lines.index("    FB Memory Usage")
+    assert lines[at + 1:at + 5] == [f"        {k:<34}: N/A" for k in ("Total", "Reserved", "Used", "Free")]
+    memory = node.out("nvidia-smi", "-q", "-d", "MEMORY").splitlines()
+    assert "    FB Memory Usage" in memory and "    Product Name" not in " ".join(memory)
+
+
+# --- kernel, modules ---------------------------------------------------------------------------
+
+def test_uname(node: Node) -> None:
+    assert node.out("uname", "-a") == ("Linux spark-a 6.17.0-1014-nvidia #14-Ubuntu SMP PREEMPT_DYNAMIC "
+                                       "Tue Mar 17 19:01:40 UTC 2026 aarch64 aarch64 aarch64 GNU/Linux\n")
+    assert node.out("uname") == "Linux\n"
+    assert node.out("uname", "-rm") == "6.17.0-1014-nvidia aarch64\n"
+    assert node.out("uname", "-m", "-n") == "spark-a aarch64\n"
+    assert node.out("uname", "-r") == "6.17.0-1014-nvidia\n"
+    bad = node.run("uname", "-z")
+    assert (bad.returncode, bad.stderr) == (
+        1, "uname: invalid option -- 'z'\nTry 'uname --help' for more information.\n")
+
+
+def test_lsmod_is_the_spark_block(node: Node) -> None:
+    assert node.out("lsmod") == """\
+Module                  Size  Used by
+nvidia_uvm           2117632  0
+nvidia_drm            135168  4
+nvidia_modeset       1695744  3 nvidia_drm
+nvidia              14139392  12 nvidia_uvm,nvidia_modeset
+rdma_ucm               36864  0
+rdma_cm               147456  1 rdma_ucm
+iw_cm                  61440  1 rdma_cm
+ib_cm                 147456  1 rdma_cm
+mlx5_ib               544768  0
+ib_uverbs             208896  2 rdma_ucm,mlx5_ib
+ib_core               540672  6 rdma_cm,iw_cm,rdma_ucm,ib_uverbs,mlx5_ib,ib_cm
+mlx5_core            2551808  1 mlx5_ib
+"""
+
+
+def test_modinfo(node: Node) -> None:
+    info = node.out("modinfo", "nvidia").splitlines()
+    assert info[0] == "filename:       /lib/modules/6.17.0-1014-nvidia/kernel/nvidia-580-open/nvidia.ko"
+    assert "version:        580.142" in info
+    assert "signer:         Canonical Ltd. Kernel Module Signing" in info
+    assert node.out("modinfo", "-F", "signer", "nvidia") == "Canonical Ltd. Kernel Module Signing\n"
+    assert node.out("modinfo", "-F", "version", "nvidia_uvm") == "580.142\n"
+    assert node.out("modinfo", "-n", "mlx5_core") == (
+        "/lib/modules/6.17.0-1014-nvidia/kernel/drivers/net/ethernet/mellanox/mlx5/core/mlx5_core.ko.zst\n")
+    missing = node.run("modinfo", "-k", "6.17.0-1018-nvidia", "nvidia")
+    assert (missing.returncode, missing.stderr) == (1, "modinfo: ERROR: Module nvidia not found.\n")
+
+
+def test_modprobe_and_rmmod_respect_users(node: Node) -> None:
+    assert node.out("rmmod", "nvidia_uvm") == ""
+    assert "nvidia_uvm" not in node.out("lsmod")
+    blocked = node.run("rmmod", "nvidia_drm", "nvidia_modeset", "nvidia")
+    assert blocked.returncode == 1
+    assert blocked.stderr.splitlines() == [  # spark-hosts.md §1.5, verbatim
+        "rmmod: ERROR: Module nvidia_drm is in use",
+        "rmmod: ERROR: Module nvidia_modeset is in use by: nvidia_drm",
+        "rmmod: ERROR: Module nvidia is in use by: nvidia_modeset"]
+    in_use = node.run("modprobe", "-r", "nvidia")
+    assert (in_use.returncode, in_use.stderr) == (1, "modprobe: FATAL: Module nvidia is in use.\n")
+    assert node.run("modprobe", "nvidia-uvm").returncode == 0
+    assert node.out("lsmod").splitlines()[1].startswith("nvidia_uvm ")
+    peermem = node.run("modprobe", "nvidia_peermem")
+    assert peermem.stderr == "modprobe: ERROR: could not insert 'nvidia_peermem': Invalid argument\n"
+
+
+# --- packages ----------------------------------------------------------------------------------
+
+def test_dpkg_query_formats_and_patterns(node: Node) -> None:
+    done = node.run("dpkg-query", "-W", "-f=${db:Status-Abbrev} ${Package} ${Version}\\n",
+                    "linux-modules-nvidia-*", "nvidia-driver-*", "nvidia-dkms-*", "linux-image-*")
+    assert done.returncode == 1
+    assert done.stderr == "dpkg-query: no packages found matching nvidia-dkms-*\n"
+    assert done.stdout.splitlines() == [
+        "ii  linux-image-6.17.0-1014-nvidia 6.17.0-1014.14",
+        "ii  linux-image-nvidia-hwe-24.04 6.17.0-1014.14",
+        "ii  linux-modules-nvidia-580-open-6.17.0-1014-nvidia 6.17.0-1014.14",
+        "ii  linux-modules-nvidia-580-open-nvidia-hwe-24.04 6.17.0-1014.14",
+        "ii  nvidia-driver-580-open 580.142-0ubuntu0.24.04.1"]
+    assert node.out("dpkg-query", "-W", "nvidia-utils-580") == "nvidia-utils-580\t580.142-0ubuntu0.24.04.1\n"
+    assert node.out("dpkg-query", "-W", "-f", "${binary:Package}\\t${Architecture}\\t${Status}\\n",
+                    "libnvidia-compute-580") == "libnvidia-compute-580:arm64\tarm64\tinstall ok installed\n"
+    assert node.out("dpkg-query", "--showformat=${Version}", "-W", "nvidia-utils-580") == "580.142-0ubuntu0.24.04.1"
+
+
+def test_dpkg_list_and_audit(node: Node) -> None:
+    lines = node.out("dpkg", "-l").splitlines()
+    assert lines[:3] == ["Desired=Unknown/Install/Remove/Purge/Hold",
+                         "| Status=Not/Inst/Conf-files/Unpacked/halF-conf/Half-inst/trig-aWait/Trig-pend",
+                         "|/ Err?=(none)/Reinst-required (Status,Err: uppercase=bad)"]
+    assert re.fullmatch(r"\|\|/ Name +Version +Architecture Description", lines[3])
+    assert re.fullmatch(r"\+\+\+-=+-=+-=+-=+", lines[4])
+    module = next(line for line in lines if "linux-modules-nvidia-580-open-6.17" in line)
+    assert re.fullmatch(r"ii  linux-modules-nvidia-580-open-6\.17\.0-1014-nvidia +6\.17\.0-1014\.14 +arm64 +"
+                        r"Linux kernel nvidia modules for version 6\.17\.0-1014", module)
+    assert any(re.fullmatch(r"ii  libnvidia-container1:arm64 +1\.19\.0-1 +arm64 +NVIDIA container runtime library", x)
+               for x in lines)
+    assert node.run("dpkg", "--audit").stdout == ""
+    assert node.run("dpkg", "-l", "nosuch*").returncode == 1
+
+
+def test_apt_get_update_install_and_errors(node: Node) -> None:
+    assert node.out("apt-get", "update").splitlines() == [
+        "Hit:1 http://ports.ubuntu.com/ubuntu-ports noble InRelease",
+        "Hit:2 http://ports.ubuntu.com/ubuntu-ports noble-updates InRelease",
+        "Hit:3 http://ports.ubuntu.com/ubuntu-ports noble-backports InRelease",
+        "Hit:4 http://ports.ubuntu.com/ubuntu-ports noble-security InRelease",
+        "Reading package lists..."]
+    sim = node.out("apt-get", "install", "-s", "linux-modules-nvidia-580-open-6.17.0-1018-nvidia")
+    assert sim.splitlines() == [
+        "Reading package lists...", "Building dependency tree...", "Reading state information...",
+        "The following NEW packages will be installed:",
+        "  linux-modules-nvidia-580-open-6.17.0-1018-nvidia",
+        "0 upgraded, 1 newly installed, 0 to remove and 0 not upgraded.",
+        "Inst linux-modules-nvidia-580-open-6.17.0-1018-nvidia (6.17.0-1018.18 Ubuntu:24.04/noble-updates [arm64])",
+        "Conf linux-modules-nvidia-580-open-6.17.0-1018-nvidia (6.17.0-1018.18 Ubuntu:24.04/noble-updates [arm64])"]
+    assert "linux-modules-nvidia-580-open-6.17.0-1018-nvidia" not in node.state["packages"]  # -s changes nothing
+    missing = node.run("apt-get", "install", "-y", "no-such-package")
+    assert (missing.returncode, missing.stderr) == (100, "E: Unable to locate package no-such-package\n")
+    newest = node.out("apt-get", "install", "-y", "nvidia-driver-580-open")
+    assert "nvidia-driver-580-open is already the newest version (580.142-0ubuntu0.24.04.1).\n" in newest
+    assert node.run("apt-get", "frobnicate").stderr == "E: Invalid operation frobnicate\n"
+
+
+def test_unprivileged_user_gets_the_real_refusals(public_node: Node) -> None:
+    node = public_node
+    apt = node.run("apt-get", "install", "-y", "linux-modules-nvidia-580-open-6.17.0-1018-nvidia", as_nobody=True)
+    assert apt.returncode == 100
+    assert apt.stderr.splitlines()[0] == (
+        "E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)")
+    sim = node.run("apt-get", "install", "-s", "linux-modules-nvidia-580-open-6.17.0-1018-nvidia", as_nobody=True)
+    assert sim.returncode == 0 and sim.stdout.startswith("NOTE: This is only a simulation!\n")
+    reboot = node.run("reboot", as_nobody=True)
+    assert reboot.returncode == 1 and reboot.stderr.startswith("Failed to set wall message")
+    rmmod = node.run("rmmod", "nvidia_uvm", as_nobody=True)
+    assert rmmod.stderr == "rmmod: ERROR: could not remove module nvidia_uvm: Operation not permitted\n"
+    assert node.run("nvidia-smi", "-L", as_nobody=True).returncode == 0  # reading needs no privilege
+    assert "nvidia_uvm" in node.out("lsmod")
+
+
+# --- faults and their repair through the tools ------------------------------------------------
+
+def test_kernel_update_breaks_the_driver_and_apt_plus_modprobe_repair_it(node: Node) -> None:
+    node.fault("kernel-update")
+    assert node.out("uname", "-r") == "6.17.0-1018-nvidia\n"
+    smi = node.run("nvidia-smi")
+    assert (smi.returncode, smi.stdout) == (9, NOT_LOADED + "\n")
+    assert "nvidia" not in node.out("lsmod")
+    assert node.run("modinfo", "nvidia").stderr == "modinfo: ERROR: Module nvidia not found.\n"
+    probe = node.run("modprobe", "nvidia")
+    assert (probe.returncode, probe.stderr) == (
+        1, "modprobe: FATAL: Module nvidia not found in directory /lib/modules/6.17.0-1018-nvidia\n")
+    listed = [line for line in node.out("dpkg", "-l").splitlines() if "linux-modules-nvidia-580-open-6" in line]
+    assert len(listed) == 1 and listed[0].startswith("ii  linux-modules-nvidia-580-open-6.17.0-1014-nvidia ")
+    gpu_run = node.run("docker", "run", "--rm", "--gpus", "all", VLLM_IMAGE, "nvidia-smi")
+    assert gpu_run.returncode == 125
+    assert "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown." in gpu_run.stderr
+    assert not (node.paths.proc_driver / "nvidia").exists()
+
+    kver = node.out("uname", "-r").strip()
+    install = node.out("apt-get", "install", "-y", f"linux-modules-nvidia-580-open-{kver}")
+    assert f"Setting up linux-modules-nvidia-580-open-{kver} (6.17.0-1018.18) ..." in install.splitlines()
+    assert node.run("nvidia-smi").returncode == 9  # installed is not loaded
+    assert node.out("modprobe", "nvidia") == ""
+    assert node.out("modprobe", "nvidia_uvm") == ""
+    assert node.out("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") == "580.142\n"
+    assert (node.paths.proc_driver / "nvidia" / "version").exists()
+    assert node.state["faults"] == []
+
+
+def test_kernel_update_repaired_through_the_module_meta(node: Node) -> None:
+    node.fault("kernel-update")
+    out = node.out("apt-get", "install", "-y", "linux-modules-nvidia-580-open-nvidia-hwe-24.04").splitlines()
+    assert out[3:9] == [
+        "The following additional packages will be installed:",
+        "  linux-modules-nvidia-580-open-6.17.0-1018-nvidia",
+        "The following NEW packages will be installed:",
+        "  linux-modules-nvidia-580-open-6.17.0-1018-nvidia",
+        "The following packages will be upgraded:",
+        "  linux-modules-nvidia-580-open-nvidia-hwe-24.04"]
+    assert "1 upgraded, 1 newly installed, 0 to remove and 0 not upgraded." in out
+    node.out("modprobe", "nvidia")
+    assert node.run("nvidia-smi").returncode == 0
+
+
+def test_driver_mismatch_survives_modprobe_and_is_cured_by_reboot(node: Node) -> None:
+    node.fault("driver-mismatch")
+    smi = node.run("nvidia-smi")
+    assert (smi.returncode, smi.stdout) == (
+        18, "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n")
+    assert node.out("modinfo", "-F", "version", "nvidia") == "580.159.03\n"  # on disk, not loaded
+    assert (node.paths.proc_driver / "nvidia" / "version").read_text().split()[9] == "580.142"
+    assert node.run("modprobe", "nvidia").returncode == 0
+    assert node.run("nvidia-smi").returncode == 18
+    assert node.run("rmmod", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia").returncode == 1
+    assert node.out("reboot") == ""
+    assert node.out("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") == "580.159.03\n"
+    assert node.out("lsmod").splitlines()[1].startswith("nvidia_uvm")
+    state = node.state
+    assert state["reboot_required"] is False and state["faults"] == []
+
+
+def test_module_unloaded_is_repaired_by_modprobe(node: Node) -> None:
+    node.fault("module-unloaded")
+    assert "nvidia_uvm" not in node.out("lsmod")
+    assert node.run("nvidia-smi").returncode == 0  # the GPU answers; CUDA would not
+    node.out("modprobe", "nvidia_uvm")
+    assert node.out("lsmod").splitlines()[1] == "nvidia_uvm           2117632  0"
+    assert node.state["faults"] == []
+
+
+def test_memory_hog_shows_in_nvidia_smi_and_meminfo(node: Node) -> None:
+    before = int(node.paths.meminfo.read_text().splitlines()[2].split()[1])
+    hog = subprocess.Popen([str(node.paths.root / "hog" / "ollama")])
+    try:
+        node.fault("memory-hog", hog_pid=hog.pid)
+        table = node.out("nvidia-smi").splitlines()
+        assert f"|    0   N/A  N/A {hog.pid:>15}      C   /usr/local/bin/ollama                106496MiB |" in table
+        assert node.out("nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv") == (
+            f"pid, process_name, used_gpu_memory [MiB]\n{hog.pid}, /usr/local/bin/ollama, 106496 MiB\n")
+        after = int(node.paths.meminfo.read_text().splitlines()[2].split()[1])
+        assert before - after == 104 * 2**20
+        assert re.search(r"^nvidia_uvm +\d+  1$", node.out("lsmod"), re.M)
+        node.out("reboot")  # a reboot ends every process
+        assert "ollama" not in node.out("nvidia-smi")
+        assert hog.wait(timeout=5) == -9
+        assert node.state["faults"] == []
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def test_clock_skew_moves_date_and_date_s_sets_it(node: Node) -> None:
+    real = float(subprocess.run(["/bin/date", "+%s.%N"], capture_output=True, text=True).stdout)
+    assert abs(float(node.out("date", "+%s.%N")) - real) < 1.0
+    node.fault("clock-skew")
+    skewed = float(node.out("date", "+%s.%N"))
+    real = float(subprocess.run(["/bin/date", "+%s.%N"], capture_output=True, text=True).stdout)
+    assert 6.5 < skewed - real < 8.5
+    assert node.out("date", "-u", "-d", "@0") == "Thu Jan  1 00:00:00 UTC 1970\n"  # explicit dates are not moved
+    node.out("date", "-s", "now")
+    assert node.state["clock"]["offset_s"] == 0.0 and node.state["faults"] == []
+
+
+def test_ibdev2netdev_reads_link_state_live(node: Node, tmp_path: Path) -> None:
+    sysfs = tmp_path / "sys-class-net"
+    for netdev, state in (("enp1s0f1np1", "up"), ("enP2p1s0f1np1", "up"), ("enp1s0f0np0", "down")):
+        (sysfs / netdev).mkdir(parents=True)
+        (sysfs / netdev / "operstate").write_text(state + "\n")
+    node.env["SPARK_SIM_SYS_CLASS_NET"] = str(sysfs)
+    assert node.out("ibdev2netdev") == """\
+roceP2p1s0f0 port 1 ==> enP2p1s0f0np0 (Down)
+roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Up)
+rocep1s0f0 port 1 ==> enp1s0f0np0 (Down)
+rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)
+"""
+    (sysfs / "enp1s0f1np1" / "operstate").write_text("down\n")
+    assert "rocep1s0f1 port 1 ==> enp1s0f1np1 (Down)" in node.out("ibdev2netdev")
+
+
+# --- docker ------------------------------------------------------------------------------------
+
+def test_docker_identity_and_images(node: Node, tmp_path: Path) -> None:
+    assert node.out("docker", "--version") == "Docker version 29.2.1, build a5c7197\n"
+    info = node.out("docker", "info")
+    assert " Server Version: 29.2.1" in info and " Runtimes: io.containerd.runc.v2 runc" in info
+    assert " Cgroup Driver: systemd" in info and " Cgroup Version: 2" in info
+    assert node.out("docker", "info", "--format", "{{.ServerVersion}}") == "29.2.1\n"
+    image_id = node.out("docker", "image", "inspect", "--format", "{{.Id}}", VLLM_IMAGE).strip()
+    other = Node(tmp_path / "nodes" / "spark-b", index=1)
+    assert other.out("docker", "image", "inspect", "--format", "{{.Id}}", VLLM_IMAGE).strip() == image_id
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", image_id)
+    missing = node.run("docker", "image", "inspect", "nvcr.io/nvidia/vllm:26.06-py3")
+    assert (missing.returncode, missing.stderr) == (
+        1, "Error response from daemon: No such image: nvcr.io/nvidia/vllm:26.06-py3\n")
+    images = node.out("docker", "images").splitlines()
+    assert re.fullmatch(r"REPOSITORY +TAG +IMAGE ID +CREATED +SIZE", images[0])
+    assert images[1].split()[:3] == ["nvcr.io/nvidia/vllm", "26.05-py3", image_id[7:19]]
+    pull = node.run("docker", "run", "-d", "nvcr.io/nvidia/vllm:26.06-py3", "true")
+    assert pull.returncode == 125
+    assert pull.stderr.startswith("Unable to find image 'nvcr.io/nvidia/vllm:26.06-py3' locally\n"
+                                  "docker: Error response from daemon: Get \"https://nvcr.io/v2/\"")
+
+
+def test_docker_container_lifecycle_leaves_no_process(node: Node) -> None:
+    marker = "31.4159"  # a sleep no other test runs, to find leftovers by
+    run = node.run("docker", "run", "-d", "--name", "vllm-head", "--network", "host", "--ipc", "host",
+                   "--gpus", "all", "--shm-size", "10.24g", "-e", "VLLM_HOST_IP=192.168.100.10",
+                   VLLM_IMAGE, "sleep", marker)
+    assert run.returncode == 0, run.stderr
+    cid = run.stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", cid)
+    try:
+        ps = node.out("docker", "ps").splitlines()
+        assert re.fullmatch(r"CONTAINER ID +IMAGE +COMMAND +CREATED +STATUS +PORTS +NAMES", ps[0])
+        assert ps[1].startswith(f"{cid[:12]}   {VLLM_IMAGE}   \"/opt/nvidia/nvidia_…\"   ")
+        assert ps[1].endswith("vllm-head") and " Up " in ps[1]
+        assert node.out("docker", "ps", "--filter", "name=vllm", "--format", "{{.Names}} {{.ID}}") == (
+            f"vllm-head {cid[:12]}\n")
+        assert node.out("docker", "inspect", "--format", "{{.State.Running}}", "vllm-head") == "true\n"
+        pid = int(node.out("docker", "inspect", "--format", "{{.State.Pid}}", "vllm-head"))
+        assert os.getpgid(pid) == pid  # leads its own process group
+        assert node.out("docker", "exec", "vllm-head", "sh", "-c", "echo $VLLM_HOST_IP") == "192.168.100.10\n"
+        failing = node.run("docker", "exec", "-e", "X=7", "vllm-head", "sh", "-c", "echo $X >&2; exit 3")
+        assert (failing.returncode, failing.stderr) == (3, "7\n")
+        assert node.run("docker", "exec", "-d", "vllm-head", "sleep", marker).returncode == 0
+        clash = node.run("docker", "run", "-d", "--name", "vllm-head", VLLM_IMAGE, "true")
+        assert clash.returncode == 125
+        assert clash.stderr.startswith(f'docker: Error response from daemon: Conflict. The container name "/vllm-head" '
+                                       f'is already in use by container "{cid}". You have to remove (or rename) that '
+                                       "container to be able to reuse that name.")
+        busy = node.run("docker", "rm", "vllm-head")
+        assert busy.returncode == 1 and "container is running" in busy.stderr
+        started = time.monotonic()
+        assert node.out("docker", "stop", "vllm-head") == "vllm-head\n"
+        assert time.monotonic() - started < 5
+        assert node.out("docker", "ps", "-q") == ""
+        assert "Exited (143)" in node.out("docker", "ps", "-a")
+        stopped = node.run("docker", "exec", "vllm-head", "true")
+        assert (stopped.returncode, stopped.stderr) == (
+            1, f"Error response from daemon: container {cid} is not running\n")
+        assert node.out("docker", "rm", "vllm-head") == "vllm-head\n"
+        assert node.out("docker", "ps", "-a").count("\n") == 1
+    finally:
+        subprocess.run([str(node.paths.bin / "docker"), "rm", "-f", "vllm-head"], capture_output=True, env=node.env)
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout
+    assert left == ""
+
+
+def test_docker_run_logs_and_rm_on_exit(node: Node) -> None:
+    assert node.out("docker", "run", "--rm", VLLM_IMAGE, "sh", "-c", "echo hello") == "hello\n"
+    code = node.run("docker", "run", "--rm", VLLM_IMAGE, "sh", "-c", "exit 4")
+    assert code.returncode == 4
+    assert node.out("docker", "ps", "-aq") == ""
+    node.out("docker", "run", "-d", "--name", "talker", VLLM_IMAGE, "sh", "-c", "echo one; echo two >&2")
+    deadline = time.monotonic() + 10
+    while "Exited (0)" not in node.out("docker", "ps", "-a") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert node.out("docker", "logs", "talker") == "one\ntwo\n"
+    assert node.out("docker", "logs", "--tail", "1", "talker") == "two\n"
+    assert node.out("docker", "rm", "talker") == "talker\n"
+    gone = node.run("docker", "logs", "talker")
+    assert (gone.returncode, gone.stderr) == (1, "Error response from daemon: No such container: talker\n")
+
+
+def test_reboot_stops_containers(node: Node) -> None:
+    node.out("docker", "run", "-d", "--name", "keeper", VLLM_IMAGE, "sleep", "27.1828")
+    node.out("reboot")
+    assert "Exited (255)" in node.out("docker", "ps", "-a")
+    deadline = time.monotonic() + 5
+    while subprocess.run(["pgrep", "-f", "sleep 27.1828"], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the container's process outlived the reboot"
+        time.sleep(0.05)
+    node.out("docker", "rm", "keeper")
+
+
+def test_lab_teardown_kills_every_container_process(node: Node) -> None:
+    from spark_cluster.sim.standins.containers import kill_all
+
+    node.out("docker", "run", "-d", "--name", "worker", VLLM_IMAGE, "sh", "-c", "sleep 23.456 & sleep 23.456")
+    node.out("docker", "exec", "-d", "worker", "sleep", "23.456")
+    assert kill_all(node.paths) == ["worker"]
+    assert subprocess.run(["pgrep", "-f", "sleep 23.456"], capture_output=True).returncode == 1
+    assert "Exited (137)" in node.out("docker", "ps", "-a")
+    assert kill_all(node.paths) == []
+
+
+# --- start-up time -----------------------------------------------------------------------------
+
+def test_a_stand_in_starts_fast(node: Node) -> None:
+    node.out("uname", "-r")  # warm the page cache and bytecode
+    times = []
+    for _ in range(15):
+        started = time.perf_counter()
+        node.out("uname", "-r")
+        times.append(time.perf_counter() - started)
+    median = statistics.median(times)
+    print(f"stand-in start (uname -r): median {median * 1000:.1f} ms, best {min(times) * 1000:.1f} ms")
+    assert median < 0.150
