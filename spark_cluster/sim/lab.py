@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -152,22 +153,41 @@ def _sshd_config(paths: NodePaths, lab_root: Path) -> str:
     )
 
 
+def _code_under_tmp() -> list[Path]:
+    """Top-level directories of /tmp that hold this code or its Python (a clone in /tmp, as CI
+    may make): a node's private /tmp would hide them, so the node gets them bound back."""
+    import spark_cluster
+
+    places = {Path(spark_cluster.__file__).resolve().parents[1], Path(sys.prefix).resolve(),
+              Path(sys.executable).resolve()}
+    tmp = Path("/tmp")
+    return sorted({tmp / p.relative_to(tmp).parts[0] for p in places
+                   if p.is_relative_to(tmp) and p != tmp})
+
+
 def _boot_script(name: str, paths: NodePaths) -> str:
     """What runs inside the node's new mount and UTS namespaces before sshd takes over."""
+    keep = [(src, paths.root / "keep" / str(i)) for i, src in enumerate(_code_under_tmp())]
+    for _, view in keep:
+        view.mkdir(parents=True, exist_ok=True)
+    q = shlex.quote
     return "\n".join(
         [
             "set -e",
-            f"mount --bind {paths.bin} /usr/local/sbin",
-            f"mount --bind {paths.proc_driver} /proc/driver",
-            f"mount --bind {paths.meminfo} /proc/meminfo",
-            f"mount -t overlay spark-lab-etc -o lowerdir=/etc,upperdir={paths.etc_upper},"
-            f"workdir={paths.etc_work} /etc",
-            f"mount --bind {paths.tmp} /tmp",
+            *(f"mount --bind {q(str(src))} {q(str(view))}" for src, view in keep),
+            f"mount --bind {q(str(paths.bin))} /usr/local/sbin",
+            f"mount --bind {q(str(paths.proc_driver))} /proc/driver",
+            f"mount --bind {q(str(paths.meminfo))} /proc/meminfo",
+            "mount -t overlay spark-lab-etc -o "
+            + q(f"lowerdir=/etc,upperdir={paths.etc_upper},workdir={paths.etc_work}") + " /etc",
+            f"mount --bind {q(str(paths.tmp))} /tmp",
+            *(f"mkdir -p {q(str(src))} && mount --bind {q(str(view))} {q(str(src))}"
+              for src, view in keep),
             "mkdir -p /root/.cache",
             f"mount -t tmpfs -o size={CACHE_SIZE},mode=0755 spark-lab-cache /root/.cache",
             "mkdir -p /root/.cache/huggingface",
-            f"hostname {name}",
-            f"exec {SSHD} -D -e -f {paths.ssh / 'sshd_config'}",
+            f"hostname {q(name)}",
+            f"exec {SSHD} -D -e -f {q(str(paths.ssh / 'sshd_config'))}",
         ]
     )
 
