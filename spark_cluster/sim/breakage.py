@@ -7,14 +7,12 @@ changes, a process named `ollama` runs, the model filesystem fills up.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 
 from ..errors import LabError
 from . import netns
 from .faults import FAULTS, apply_fault, heal
-from .lab import Lab, LabNode, pid_alive, reap
+from .lab import Lab, LabNode, pid_alive
 from .state import locked_state
 
 FILLER = "/root/.cache/.spark-lab-filler"
@@ -23,9 +21,10 @@ FILLER = "/root/.cache/.spark-lab-filler"
 def in_node(node: LabNode, command: list[str]) -> subprocess.CompletedProcess[str]:
     """Run a command inside the node's namespaces, as a session over SSH would see it."""
     return subprocess.run(
-        ["nsenter", "-t", str(node.sshd_pid), "-m", "-u", "-n", "--", *command],
+        ["nsenter", "-t", str(node.sshd_pid), "-m", "-u", "-n", "-p", "--", *command],
         capture_output=True,
         text=True,
+        timeout=30,
     )
 
 
@@ -36,7 +35,6 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
     node = lab.node(name)
     if not pid_alive(node.sshd_pid):
         raise LabError(f"{name} is not running; run `spark-cluster lab up` again")
-    details: dict[str, object] = {}
     rail0, rail1 = netns.RAILS[0].interface, netns.RAILS[1].interface
     if fault == "link-down":
         for interface in (rail0, rail1):
@@ -47,15 +45,21 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
         done = f"{name}: {rail0} is at MTU 1500, its peer at {netns.LINK_MTU}"
     elif fault == "memory-hog":
         hog = subprocess.Popen(
-            ["nsenter", "-t", str(node.sshd_pid), "-m", "-u", "-n", "--",
+            ["nsenter", "-t", str(node.sshd_pid), "-m", "-u", "-n", "-p", "--",
              str(node.paths.root / "hog" / "ollama")],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            text=True,
         )
-        details["hog_pid"] = hog.pid
-        done = f"{name}: `ollama` (pid {hog.pid}) holds most of the unified memory"
+        # The hog records itself (its pid as the node numbers it) and then says so.
+        ready = hog.stdout.readline().split() if hog.stdout else []
+        if not ready or ready[0] != "ready":
+            hog.kill()
+            raise LabError(f"{name}: the memory hog did not start")
+        done = f"{name}: `ollama` (pid {ready[1]} on {name}) holds most of the unified memory"
+        return done
     elif fault == "disk-full":
         filled = in_node(node, ["sh", "-c",
                                 "avail=$(df --output=avail -B1 /root/.cache | tail -n 1);"
@@ -66,7 +70,7 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
     else:
         done = f"{name}: {fault}"
     with locked_state(node.paths) as state:
-        _replace(state, apply_fault(state, fault, **details))
+        _replace(state, apply_fault(state, fault))
     return done
 
 
@@ -77,10 +81,10 @@ def heal_node(lab: Lab, name: str) -> str:
         netns.set_link(name, rail.interface, mtu=netns.LINK_MTU, up=True)
     in_node(node, ["rm", "-f", FILLER])
     with locked_state(node.paths) as state:
-        for pid in _hog_pids(state):
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-                reap(pid)
+        pids = _hog_pids(state)
+    if pids:  # numbered as the node sees them, so killed from inside it
+        in_node(node, ["kill", "-KILL", *map(str, pids)])
+    with locked_state(node.paths) as state:
         _replace(state, heal(state))
     return f"{name}: healed"
 

@@ -39,7 +39,8 @@ class LabNode:
     name: str
     index: int
     address: str
-    sshd_pid: int
+    sshd_pid: int  # PID 1 of the node's PID namespace, as this machine numbers it
+    launcher_pid: int  # `unshare`, our child: collected when the node stops
 
     @property
     def namespace(self) -> str:
@@ -92,9 +93,9 @@ def _require_tools() -> None:
 def load_lab(root: Path = LAB_ROOT) -> Lab | None:
     try:
         raw = json.loads((root / LAB_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return Lab(root, tuple(LabNode(**node) for node in raw["nodes"]))
+        return Lab(root, tuple(LabNode(**node) for node in raw["nodes"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # none, or one an older version wrote: `down` still finds its namespaces
 
 
 def _save_lab(lab: Lab) -> None:
@@ -208,20 +209,38 @@ def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
     return paths
 
 
-def _start_sshd(name: str, paths: NodePaths) -> int:
+def _start_sshd(name: str, paths: NodePaths) -> tuple[int, int]:
+    """Start the node's sshd as PID 1 of its own PID namespace; returns (launcher, sshd) pids.
+
+    Its own PID namespace (with its own /proc) makes `ps` on a node show that node's
+    processes only, as on a real Spark, and ends them all when sshd stops.
+    """
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
     log = (paths.log / "sshd.log").open("ab")
     proc = subprocess.Popen(
         ["ip", "netns", "exec", netns.namespace(name),
-         "unshare", "--mount", "--uts", "--propagation", "private",
-         "sh", "-c", _boot_script(name, paths)],
+         "unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc",
+         "--propagation", "private", "sh", "-c", _boot_script(name, paths)],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
         start_new_session=True,
     )
     log.close()
-    return proc.pid
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+
+    def child() -> int | None:
+        try:
+            listed = children.read_text().split()
+        except OSError:
+            return None
+        return int(listed[0]) if listed else None
+
+    if not netns.wait_until(lambda: child() is not None or proc.poll() is not None, 5.0) \
+            or child() is None:
+        raise LabError(f"{name}: the node's namespaces did not start: "
+                       f"{(paths.log / 'sshd.log').read_text(errors='replace').strip()[-500:]}")
+    return proc.pid, child()  # type: ignore[return-value]
 
 
 def _port_open(address: str, port: int = 22) -> bool:
@@ -308,8 +327,8 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         netns.cable(names)
         nodes = []
         for i, (name, paths) in enumerate(zip(names, all_paths)):
-            pid = _start_sshd(name, paths)
-            nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), pid))
+            launcher, sshd = _start_sshd(name, paths)
+            nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), sshd, launcher))
         lab = Lab(lab_root, tuple(nodes))
         _save_lab(lab)
         for node in nodes:
@@ -364,7 +383,7 @@ def down(lab_root: Path = LAB_ROOT) -> list[str]:
             problems.append(f"{ns}: processes {survivors} would not stop")
     if lab is not None:
         for node in lab.nodes:
-            reap(node.sshd_pid)
+            reap(node.launcher_pid)
     for ns in netns.lab_namespaces():
         netns.ip("netns", "del", ns, check=False)
     for link in netns.lab_links():

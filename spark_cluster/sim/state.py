@@ -429,14 +429,42 @@ main({tool!r}, {root!r})
 
 _HOG = """#!{python} -IS
 # The memory-hog fault: a process named `ollama` holding memory, as a forgotten model server does.
-import ctypes, time
+import ctypes, os, signal, sys, time
 try:
     ctypes.CDLL(None).prctl(15, b"ollama", 0, 0, 0)  # PR_SET_NAME, in case comm came from the interpreter
 except Exception:
     pass
+
+
+def release(signum, frame):
+    # Stopped the way a user stops a server (kill, systemctl stop): its memory comes back,
+    # so the node's /proc/meminfo no longer counts it.
+    sys.path.insert(0, {pkg_parent!r})
+    from spark_cluster.sim.layout import NodePaths
+    from spark_cluster.sim.state import locked_state
+
+    with locked_state(NodePaths({root!r})) as state:
+        consumers = state["memory"]["consumers"]
+        for name in [n for n, c in consumers.items() if c.get("pid") == os.getpid()]:
+            del consumers[name]
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, release)
+signal.signal(signal.SIGINT, release)
 block = bytearray(64 << 20)
 for i in range(0, len(block), 4096):  # touch every page so it is resident, not just reserved
     block[i] = 1
+# Record this process as the memory-hog fault itself: only here is its pid (and start time)
+# the one the node's own ps, kill and reboot see.
+sys.path.insert(0, {pkg_parent!r})
+from spark_cluster.sim.faults import apply_fault
+from spark_cluster.sim.layout import NodePaths
+from spark_cluster.sim.state import locked_state
+with locked_state(NodePaths({root!r})) as state:
+    apply_fault(state, "memory-hog", hog_pid=os.getpid())
+print("ready", os.getpid(), flush=True)
+os.close(1)  # the lab reads one line and must not wait on this pipe any longer
 while True:
     time.sleep(3600)
 """
@@ -455,5 +483,5 @@ def write_wrappers(paths: NodePaths, python: str = sys.executable) -> None:
         target.chmod(0o755)
     hog = paths.root / "hog"
     hog.mkdir(parents=True, exist_ok=True)
-    (hog / "ollama").write_text(_HOG.format(python=python))
+    (hog / "ollama").write_text(_HOG.format(python=python, pkg_parent=pkg_parent, root=str(paths.root)))
     (hog / "ollama").chmod(0o755)

@@ -1,0 +1,60 @@
+"""Every check, and the one function that runs them all over the facts of all nodes.
+
+A check is a pure function of facts. One that raises becomes a `check.crashed` finding,
+so a bug in one check never hides what the others found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from ..facts import NodeFacts
+from ..inventory import Inventory
+from . import cluster, driver, link, resources
+from .base import Finding, NodeContext, Severity, blocker
+
+NodeCheck = Callable[[NodeFacts, NodeContext], Iterable[Finding]]
+ClusterCheck = Callable[[Inventory, Mapping[str, NodeFacts]], Iterable[Finding]]
+
+NODE_CHECKS: tuple[NodeCheck, ...] = (
+    resources.check_access,
+    driver.check_driver,
+    driver.check_next_boot,
+    driver.check_rdma_modules,
+)
+CLUSTER_CHECKS: tuple[ClusterCheck, ...] = (
+    link.check_links,
+    resources.check_clocks,
+    cluster.check_versions,
+    cluster.check_model_files,
+)
+
+
+def _guarded(name: str, node: str, run: Callable[[], Iterable[Finding]]) -> list[Finding]:
+    try:
+        return list(run())
+    except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
+        return [blocker("check.crashed", node, f"the check {name} failed: {exc!r}",
+                        "a bug in spark-cluster: please report it")]
+
+
+def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[Finding]:
+    """All findings: per node in inventory order, then across nodes."""
+    findings: list[Finding] = []
+    need = resources.model_bytes_per_node(inventory, facts)
+    for spec in inventory.nodes:
+        f = facts.get(spec.name)
+        if f is None:
+            continue
+        ctx = NodeContext(inventory, spec)
+        for check in NODE_CHECKS:
+            findings += _guarded(check.__name__, spec.name, lambda: check(f, ctx))
+        findings += _guarded("check_memory", spec.name,
+                             lambda: resources.check_memory(f, ctx, need))
+        findings += _guarded("check_disk", spec.name, lambda: resources.check_disk(f, ctx, need))
+    for check in CLUSTER_CHECKS:
+        findings += _guarded(check.__name__, "cluster", lambda: check(inventory, facts))
+    return findings
+
+
+__all__ = ["CLUSTER_CHECKS", "NODE_CHECKS", "Finding", "Severity", "run_checks"]

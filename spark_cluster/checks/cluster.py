@@ -1,0 +1,73 @@
+"""Across nodes: the same software everywhere, the same checkpoint on every disk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from ..facts import NodeFacts
+from ..inventory import Inventory
+from .base import Finding, Severity, blocker, gib, manual, warning
+
+# What differing versions cost: Ray refuses to join a cluster of another version (F7), and
+# vLLM/the image must be byte-identical for TP workers; a kernel or driver apart works but
+# is the usual first step towards one node failing after an update.
+VERSIONED: tuple[tuple[str, str, Severity, Callable[[NodeFacts], str | None]], ...] = (
+    ("versions.image-differs", "container image ID", Severity.BLOCKER, lambda f: f.image_id),
+    ("versions.ray-differs", "Ray", Severity.BLOCKER, lambda f: f.runtime_versions.get("ray")),
+    ("versions.vllm-differs", "vLLM", Severity.BLOCKER, lambda f: f.runtime_versions.get("vllm")),
+    ("versions.python-differs", "Python", Severity.WARNING,
+     lambda f: f.runtime_versions.get("python")),
+    ("versions.driver-differs", "NVIDIA driver (and with it CUDA)", Severity.WARNING,
+     lambda f: f.userspace_driver),
+    ("versions.kernel-differs", "kernel", Severity.WARNING, lambda f: f.kernel or None),
+)
+
+
+def check_versions(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
+    head = inventory.head.name
+    for id_, what, severity, read in VERSIONED:
+        values = {n: v for n, f in facts.items() if (v := read(f))}
+        if len(set(values.values())) <= 1:
+            continue
+        # Name the nodes that differ from the head (or from the most common value).
+        reference = values.get(head) or max(values.values(), key=list(values.values()).count)
+        for node, value in values.items():
+            if value != reference:
+                yield Finding(
+                    id_, severity, node,
+                    f"{what} on {node} is {value}, on the others {reference}",
+                    f"{node}: {value}; {head}: {values.get(head, '?')}",
+                    manual(f"install the same {what} on every node" + (
+                        " (pin the image by digest and pull it on every node)"
+                        if id_ == "versions.image-differs" else "")))
+
+
+def check_model_files(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
+    listed = {n: f.model_files for n, f in facts.items() if f.model_files is not None}
+    if not listed or inventory.model is None:
+        return
+    name = inventory.model.name
+    if not any(listed.values()):
+        for node in listed:
+            yield warning("model.missing", node,
+                          f"{name} is not in the HF cache of {node} (every node needs all of it)",
+                          f"no files under {inventory.model.hf_cache}/hub", manual(
+                              f"download it on every node: hf download {name}"))
+        return
+    union = {}
+    for files in listed.values():
+        union.update(files)
+    total = sum(union.values())
+    for node, files in listed.items():
+        absent = [p for p in union if p not in files]
+        wrong = [p for p in union if p in files and files[p] != union[p]]
+        if absent or wrong:
+            sample = (absent + wrong)[0]
+            yield blocker(
+                "model.differs", node,
+                f"{node} lacks {len(absent)} and has {len(wrong)} differing of {len(union)} files "
+                f"of {name} ({gib(total)})",
+                f"{sample}: " + ("absent" if sample in absent else
+                                 f"{files[sample]} bytes, others {union[sample]}"),
+                manual("copy the checkpoint from a node that has it over the link "
+                       "(rsync -a blobs and snapshots together)"))

@@ -1,0 +1,122 @@
+"""Memory, disk and clock of each node; SSH, sudo and the fact gathering itself."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator, Mapping
+
+from ..facts import GIB, NodeFacts, Process
+from ..inventory import Inventory
+from .base import Finding, NodeContext, blocker, fix, gib, info, manual, warning
+
+# Other inference servers people leave running on a Spark (spark-hosts.md F2): by process
+# name, and by words in the command line for the ones that run as `python`.
+COMPETING_NAMES = {"ollama", "llama-server", "tritonserver", "text-generation-launcher",
+                   "lms", "LM Studio", "localai"}
+COMPETING_ARGS = ("vllm serve", "sglang.launch_server", "ComfyUI/main.py", "comfyui")
+# Unified memory: CUDA, the desktop and the OS need some of the 128 GB besides the model.
+HEADROOM = 8 * GIB
+MIN_FREE_DISK = 256 * 1024**2
+CLOCK_TOLERANCE_S = 1.0
+
+
+def competing(processes: tuple[Process, ...]) -> list[Process]:
+    return [p for p in processes
+            if p.name in COMPETING_NAMES or any(word in p.args for word in COMPETING_ARGS)]
+
+
+def model_bytes_per_node(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> int | None:
+    """What each node must hold of the weights: the checkpoint split over the nodes."""
+    sizes = [sum(f.model_files.values()) for f in facts.values() if f.model_files]
+    return max(sizes) // len(inventory.nodes) if sizes else None
+
+
+def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator[Finding]:
+    memory = facts.memory
+    if memory is None:
+        return
+    node = facts.node
+    state = f"MemAvailable {gib(memory.available)} of {gib(memory.total)}"
+    hogs = competing(facts.processes)
+    if hogs:
+        names = ", ".join(f"{p.name} (pid {p.pid})" for p in hogs)
+        yield blocker(
+            "memory.competing-process", node,
+            f"another model server holds unified memory on {node}: {names}; {state}",
+            f"ps: {hogs[0].pid} {hogs[0].name} {hogs[0].args[:80]}",
+            fix("stop-competing-servers", pids=" ".join(str(p.pid) for p in hogs),
+                names=" ".join(p.name for p in hogs)))
+        return
+    wanted = (need + HEADROOM) if need else None
+    if wanted and memory.available < wanted:
+        cache = memory.cached + memory.buffers
+        yield blocker(
+            "memory.low", node,
+            f"{state}; the model needs about {gib(wanted)} per node "
+            f"({gib(need or 0)} of weights + {gib(HEADROOM)} headroom)"
+            + (f"; {gib(cache)} is page cache, which drop-caches returns" if cache > GIB else ""),
+            f"/proc/meminfo: MemAvailable {memory.available // 1024} kB",
+            fix("drop-caches") if cache > GIB else manual("stop what uses the memory, or "
+                                                          "lower --gpu-memory-utilization"))
+        return
+    if memory.cached > memory.total // 4:
+        yield warning(
+            "memory.page-cache", node,
+            f"{gib(memory.cached)} of page cache: on unified memory vLLM's start-up probe sees "
+            "it as used and can fail with out-of-memory",
+            f"/proc/meminfo: Cached {memory.cached // 1024} kB", fix("drop-caches"))
+
+
+def check_disk(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator[Finding]:
+    disk = facts.disk
+    if disk is None:
+        return
+    node = facts.node
+    where = f"{disk.path}: {gib(disk.available)} free of {gib(disk.size)}"
+    if disk.available < max(MIN_FREE_DISK, disk.size // 200):
+        yield blocker(
+            "disk.full", node, f"the filesystem of the model cache is full ({where})",
+            f"df -B1 {disk.path}: avail {disk.available}",
+            manual(f"free space under {disk.path}: old snapshots (`hf cache scan`), docker images "
+                   "(`docker image prune`)"))
+        return
+    have = sum((facts.model_files or {}).values())
+    missing = max(0, (need or 0) * len(ctx.inventory.nodes) - have)
+    if missing > disk.available:
+        yield warning(
+            "disk.low", node,
+            f"the model's missing files ({gib(missing)}) will not fit ({where})",
+            f"df -B1 {disk.path}: avail {disk.available}", manual("free space before staging"))
+
+
+def check_clocks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
+    """Against the median of all clocks (this machine's included), so one wrong clock,
+    not the reference, is the one named."""
+    offsets = {n: f.clock_offset for n, f in facts.items() if f.clock_offset is not None}
+    if not offsets:
+        return
+    reference = statistics.median([0.0, *offsets.values()])
+    for node, offset in offsets.items():
+        skew = offset - reference
+        if abs(skew) > CLOCK_TOLERANCE_S + facts[node].clock_uncertainty:
+            yield warning(
+                "clock.skew", node,
+                f"the clock of {node} is {abs(skew):.1f} s {'ahead' if skew > 0 else 'behind'} of "
+                "the others: TLS (image pulls) and log correlation suffer",
+                f"date +%s.%N: {facts[node].clock:.3f}, offset {skew:+.2f} s",
+                fix("clock-sync"))
+
+
+def check_access(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
+    if not facts.sudo_ok:
+        sudo = facts.probe("sudo")
+        yield warning(
+            "sudo.needs-password", facts.node,
+            f"sudo asks {ctx.spec.user} for a password: `fix` cannot repair this node unattended",
+            f"sudo -n true: {sudo.first_line or f'exit {sudo.rc}'}",
+            manual(f"on {facts.node}: echo '{ctx.spec.user} ALL=(ALL) NOPASSWD: ALL' | "
+                   "sudo tee /etc/sudoers.d/spark-cluster, or use --ask-sudo-pass"))
+    if facts.reboot_required:
+        yield info("os.reboot-required", facts.node,
+                   "the system asks for a reboot after an update",
+                   "/var/run/reboot-required exists", manual("reboot when convenient"))
