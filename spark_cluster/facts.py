@@ -123,8 +123,12 @@ class NodeFacts:
 
     @property
     def next_boot_kernel(self) -> str | None:
-        """GRUB's default on a Spark boots the newest installed kernel."""
-        kernels = list(self.nvidia_ko) or ([self.kernel] if self.kernel else [])
+        """GRUB's default on a Spark boots the newest installed kernel. A kernel whose image
+        dpkg lists as removed (`rc`: config files left, e.g. after backing out a bad update)
+        boots no more, so it does not count."""
+        kernels = [k for k in self.nvidia_ko
+                   if (image := self.packages.get(f"linux-image-{k}")) is None or image.installed]
+        kernels = kernels or ([self.kernel] if self.kernel else [])
         return max(kernels, key=kernel_sort_key) if kernels else None
 
     @property
@@ -146,18 +150,32 @@ class NodeFacts:
 
 
 def kernel_sort_key(kver: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\d+", kver))
+    return tuple(int(n) for n in re.findall(r"[0-9]+", kver))
+
+
+def _int(text: str) -> int | None:
+    """A whole number of ASCII digits, else None (str.isdigit also passes "²", which int refuses)."""
+    return int(text) if re.fullmatch(r"[0-9]+", text) else None
+
+
+# dpkg's second status letter: the package's files are on disk and configured (`ii`, and `hi`
+# for a package held with apt-mark hold, `ri` marked for removal; W/t: triggers pending).
+_INSTALLED = frozenset("iWt")
 
 
 def parse_packages(text: str) -> dict[str, Package]:
-    """`dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'` lines."""
+    """`dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'` lines.
+
+    Installed means dpkg's second status letter says so: `ii`, but also `hi` (held, as the
+    kernel/driver hold sets of spark-hosts.md §1.6 leave them); not `rc`, `un` or `iF`."""
     packages = {}
     for line in text.splitlines():
         parts = line.split("\t")
         if len(parts) != 3:
             continue
         status, name, version = (p.strip() for p in parts)
-        packages[name] = Package(name, version, status.startswith("ii"))
+        if name:
+            packages[name] = Package(name, version, status[1:2] in _INSTALLED)
     return packages
 
 
@@ -171,11 +189,14 @@ def parse_kernel_modules(text: str) -> dict[str, str | None]:
     return found
 
 
+_QUANTITY = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?)(?: ?[A-Za-z%]+)?")
+
+
 def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None  # "[N/A]" and friends
+    """A reading, with or without its unit ("12.42", "12.42 W", "3 %"); None for "[N/A]",
+    "[Not Supported]" and anything else that is not a number."""
+    match = _QUANTITY.fullmatch(text.strip())
+    return float(match.group(1)) if match else None
 
 
 def parse_gpu(probe: ProbeOutput) -> Gpu | None:
@@ -185,7 +206,7 @@ def parse_gpu(probe: ProbeOutput) -> Gpu | None:
         return None
     for line in probe.out.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) >= 6:
+        if len(cells) >= 6 and cells[1] != "driver_version":  # a header line, if one came
             return Gpu(cells[0], cells[1], cells[2], _number(cells[3]), _number(cells[4]), cells[5])
     return None
 
@@ -200,8 +221,9 @@ def parse_proc_driver(text: str) -> str | None:
 
 
 def parse_lsmod(text: str) -> frozenset[str]:
-    lines = text.splitlines()
-    return frozenset(line.split()[0] for line in lines[1:] if line.strip())
+    """`lsmod`: the first word of each row, the `Module  Size  Used by` header left out."""
+    return frozenset(line.split()[0] for line in text.splitlines()
+                     if line.strip() and line.split()[0] != "Module")
 
 
 _IBDEV = re.compile(r"^(\S+)\s+port\s+\d+\s+==>\s+(\S+)\s+\((\w+)\)")
@@ -224,20 +246,25 @@ def parse_ip_addr(text: str, speeds: dict[str, int | None]) -> dict[str, Interfa
         return {}
     interfaces = {}
     for link in links if isinstance(links, list) else []:
-        if not isinstance(link, dict) or "ifname" not in link:
+        if not isinstance(link, dict) or not isinstance(link.get("ifname"), str):
             continue
-        flags = link.get("flags", [])
+        flags = link.get("flags")
+        flags = [f for f in flags if isinstance(f, str)] if isinstance(flags, list) else []
+        addr_info = link.get("addr_info")
         addresses = tuple(
-            f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
-            if a.get("family") == "inet" and "local" in a and "prefixlen" in a
+            f"{a['local']}/{a['prefixlen']}"
+            for a in (addr_info if isinstance(addr_info, list) else [])
+            if isinstance(a, dict) and a.get("family") == "inet" and "local" in a
+            and "prefixlen" in a
         )
+        mtu = link.get("mtu")
         name = link["ifname"]
         interfaces[name] = Interface(
             name=name,
             admin_up="UP" in flags,
             carrier="LOWER_UP" in flags,
             operstate=str(link.get("operstate", "UNKNOWN")),
-            mtu=int(link.get("mtu", 0)),
+            mtu=mtu if isinstance(mtu, int) and not isinstance(mtu, bool) else 0,
             addresses=addresses,
             speed_mbps=speeds.get(name),
         )
@@ -248,9 +275,11 @@ def parse_speeds(text: str) -> dict[str, int | None]:
     speeds: dict[str, int | None] = {}
     for line in text.splitlines():
         name, _, value = line.partition("\t")
-        value = value.strip()
+        if not name.strip():
+            continue
+        mbps = _int(value.strip())
         # Down links report -1 (or an error) in sysfs.
-        speeds[name.strip()] = int(value) if value.lstrip("-").isdigit() and int(value) > 0 else None
+        speeds[name.strip()] = mbps if mbps else None
     return speeds
 
 
@@ -259,8 +288,8 @@ def parse_meminfo(text: str) -> Memory | None:
     for line in text.splitlines():
         key, _, rest = line.partition(":")
         parts = rest.split()
-        if parts and parts[0].isdigit():
-            values[key.strip()] = int(parts[0]) * KIB
+        if parts and (n := _int(parts[0])) is not None:
+            values[key.strip()] = n * KIB
     if "MemTotal" not in values:
         return None
     return Memory(
@@ -272,14 +301,28 @@ def parse_meminfo(text: str) -> Memory | None:
     )
 
 
+# pid and rss, then comm (the kernel's 15-character name, which may hold spaces: "LM Studio"),
+# left-aligned and padded by ps to 15 columns, then args.
+_PS = re.compile(r"\s*([0-9]+)\s+([0-9]+)\s+(.*)")
+
+
 def parse_processes(text: str) -> tuple[Process, ...]:
     """`ps -eo pid=,rss=,comm=,args= --sort=-rss`."""
     found = []
     for line in text.splitlines():
-        parts = line.split(None, 3)
-        if len(parts) >= 3 and parts[0].isdigit() and parts[1].isdigit():
-            args = parts[3] if len(parts) > 3 else parts[2]
-            found.append(Process(int(parts[0]), int(parts[1]) * KIB, parts[2], args))
+        match = _PS.fullmatch(line.rstrip())
+        if not match or not match.group(3):
+            continue
+        rest = match.group(3)
+        # The padding after a comm shorter than 15 characters is a run of 2+ spaces inside
+        # the comm column; a full-width comm (or a squeezed row) is followed by one space.
+        pad = re.search(r" {2,}", rest[:17])
+        if pad:
+            name, args = rest[:pad.start()], rest[pad.end():]
+        else:
+            name, _, args = rest.partition(" ")
+        found.append(Process(int(match.group(1)), int(match.group(2)) * KIB, name,
+                             args.strip() or name))
     return tuple(found)
 
 
@@ -287,8 +330,9 @@ def parse_df(text: str) -> Disk | None:
     """`df -B1 --output=avail,size,target`."""
     for line in text.splitlines()[1:]:
         parts = line.split(None, 2)
-        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
-            return Disk(parts[2], int(parts[0]), int(parts[1]))
+        if len(parts) == 3 and (avail := _int(parts[0])) is not None \
+                and (size := _int(parts[1])) is not None:
+            return Disk(parts[2], avail, size)
     return None
 
 
@@ -296,8 +340,8 @@ def parse_model_files(probe: ProbeOutput) -> dict[str, int]:
     files = {}
     for line in probe.out.splitlines():
         path, _, size = line.rpartition("\t")
-        if path and size.isdigit():
-            files[path] = int(size)
+        if path and (n := _int(size)) is not None:
+            files[path] = n
     return files
 
 
@@ -327,12 +371,14 @@ def parse_facts(node: str, raw: dict[str, dict[str, object]],
                 sent_at: float | None = None, received_at: float | None = None) -> NodeFacts:
     """Turn the runner's {"probes": {...}} into NodeFacts. Pure: no I/O."""
     probes = {}
-    listed = raw.get("probes")
+    listed = raw.get("probes") if isinstance(raw, dict) else None
     for name, p in (listed.items() if isinstance(listed, dict) else ()):
         if isinstance(p, dict):
             rc = p.get("rc")
-            probes[name] = ProbeOutput(rc if isinstance(rc, int) else 127,
-                                       str(p.get("out", "")), str(p.get("err", "")))
+            out, err = p.get("out"), p.get("err")
+            probes[str(name)] = ProbeOutput(
+                rc if isinstance(rc, int) and not isinstance(rc, bool) else 127,
+                out if isinstance(out, str) else "", err if isinstance(err, str) else "")
 
     def out(name: str) -> str:
         probe = probes.get(name, MISSING)

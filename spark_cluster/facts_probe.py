@@ -128,10 +128,12 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
             target = peer.link.rails[r].address.ip
             probes.append(Probe(
                 f"ping:{rail.interface}:{peer.name}",
-                f"ping -c 1 -W 1 -M do -s {size} -I {q(rail.interface)} {target}", timeout=5))
+                # Two tries: one late reply on a busy node is not a broken link.
+                f"ping -c 2 -i 0.2 -W 2 -M do -s {size} -I {q(rail.interface)} {target}", timeout=6))
     return probes
 
 
 def gather_command(probes: list[Probe]) -> str:
     payload = json.dumps([[p.name, p.command, p.timeout] for p in probes])
-    return f"python3 -c {shlex.quote(RUNNER)} {shlex.quote(payload)}"
+    # -I: the runner needs only the standard library, and no user site or .pth files.
+    return f"python3 -I -c {shlex.quote(RUNNER)} {shlex.quote(payload)}"

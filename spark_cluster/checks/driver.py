@@ -40,8 +40,10 @@ def check_driver(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
     node = facts.node
     kernel = facts.kernel
     if smi.ok:
+        # An empty module list means lsmod did not answer (no kmod); nvidia-smi answering
+        # proves the driver is loaded, so only a listing that lacks a module is evidence.
         missing = [m for m in GPU_MODULES if m not in facts.modules]
-        if missing:
+        if missing and facts.modules:
             yield _not_loaded(facts, missing)
         return
     text = smi.out + smi.err

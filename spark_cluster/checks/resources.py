@@ -13,16 +13,23 @@ from .base import Finding, NodeContext, blocker, fix, gib, info, manual, warning
 # name, and by words in the command line for the ones that run as `python`.
 COMPETING_NAMES = {"ollama", "llama-server", "tritonserver", "text-generation-launcher",
                    "lms", "LM Studio", "localai"}
-COMPETING_ARGS = ("vllm serve", "sglang.launch_server", "ComfyUI/main.py", "comfyui")
+COMPETING_ARGS = ("vllm serve", "vllm.entrypoints.openai.api_server", "sglang.launch_server",
+                  "ComfyUI/main.py", "comfyui")
 # Unified memory: CUDA, the desktop and the OS need some of the 128 GB besides the model.
 HEADROOM = 8 * GIB
 MIN_FREE_DISK = 256 * 1024**2
 CLOCK_TOLERANCE_S = 1.0
 
 
+# ps shows the kernel's process name (comm), cut to 15 characters: text-generation-launcher
+# is `text-generation` there.
+COMM_LEN = 15
+
+
 def competing(processes: tuple[Process, ...]) -> list[Process]:
+    names = {n[:COMM_LEN] for n in COMPETING_NAMES}
     return [p for p in processes
-            if p.name in COMPETING_NAMES or any(word in p.args for word in COMPETING_ARGS)]
+            if p.name[:COMM_LEN] in names or any(word in p.args for word in COMPETING_ARGS)]
 
 
 def model_bytes_per_node(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> int | None:

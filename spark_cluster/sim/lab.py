@@ -19,6 +19,8 @@ from pathlib import Path
 
 from ..errors import LabError
 from . import netns
+from .checkpoint import REPO as CHECKPOINT_REPO
+from .checkpoint import write_checkpoint
 from .layout import LAB_ROOT, NodePaths
 from .state import healthy_state, render, save_state, write_etc, write_wrappers
 
@@ -187,6 +189,12 @@ def _boot_script(name: str, paths: NodePaths) -> str:
             "mkdir -p /root/.cache",
             f"mount -t tmpfs -o size={CACHE_SIZE},mode=0755 spark-lab-cache /root/.cache",
             "mkdir -p /root/.cache/huggingface",
+            # Every node starts with the same small checkpoint, as a staged cluster would.
+            f"cp -a {q(str(paths.root.parents[1] / 'checkpoint' / 'hub'))} /root/.cache/huggingface/",
+            # A node's shell starts clean: this machine's ~/.bashrc (pyenv, cargo...) is not a
+            # Spark's, and it costs a tenth of a second of every SSH session.
+            *(f"[ ! -e {rc} ] || mount --bind {q(str(paths.root / 'empty-rc'))} {rc}"
+              for rc in ("/root/.bashrc", "/root/.profile")),
             f"hostname {q(name)}",
             f"exec {SSHD} -D -e -f {q(str(paths.ssh / 'sshd_config'))}",
         ]
@@ -199,6 +207,7 @@ def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
                       paths.etc_work, paths.tmp, paths.ssh, paths.log):
         directory.mkdir(parents=True, exist_ok=True)
     paths.tmp.chmod(0o1777)
+    (paths.root / "empty-rc").write_text("")
     state = healthy_state(name, index)
     save_state(paths.state, state)
     render(state, paths)
@@ -259,6 +268,8 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
         "cluster:",
         "  name: sim",
         "  runtime: host",
+        # The lab's nodes run Ray from the Python that runs spark-cluster here.
+        f"  python: {lab_root / 'python'}",
         "  ray_port: 6379",
         "  executor: ray",
         "  ssh:",
@@ -287,7 +298,7 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
             ]
     lines += [
         "model:",
-        "  name: spark-lab/tiny-moe",
+        f"  name: {CHECKPOINT_REPO}",
         "  hf_cache: /root/.cache/huggingface",
         "",
     ]
@@ -319,6 +330,8 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         lab_root.mkdir(parents=True, exist_ok=False)
         _keygen(lab_root / "id_ed25519", "spark-cluster-lab")
         shutil.copy(lab_root / "id_ed25519.pub", lab_root / "authorized_keys")
+        (lab_root / "python").symlink_to(sys.executable)
+        write_checkpoint(lab_root / "checkpoint" / "hub")
         netns.create_mgmt_bridge()
         all_paths = []
         for i, name in enumerate(names):

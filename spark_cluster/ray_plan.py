@@ -1,0 +1,162 @@
+"""What runs on each node to form the Ray cluster, as data (pure: tested without hosts).
+
+Each node's environment comes from that node's own link (its address, its interface,
+its twin HCAs), never from the head's: vLLM's Ray executor copies some of the driver's
+variables to the workers, so the per-node ones are also listed in
+ray_non_carry_over_env_vars.json on every node (see vllm-ray.md §6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .facts_probe import remote_path
+from .inventory import Inventory, NodeSpec
+
+# Variables whose value differs per node: a worker must keep its own.
+PER_NODE_VARS = (
+    "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+    "UCX_NET_DEVICES", "NCCL_IB_HCA", "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR",
+)
+STATE_DIR = "~/.cache/spark-cluster"  # per node: pid files, logs, the config digest
+DASHBOARD_PORT = 8265
+CONTAINER_SHM = "10.24g"  # run_cluster.sh's and NVIDIA's playbook's value
+
+
+def state_dir(cluster: str) -> str:
+    return f"{STATE_DIR}/{cluster}"
+
+
+def node_env(inventory: Inventory, spec: NodeSpec) -> dict[str, str]:
+    """The environment of Ray (and so of vLLM's workers) on this node, from its own link."""
+    rail = spec.link.rails[0]
+    address = str(spec.link_address)
+    hcas = ",".join(r.hca for r in spec.link.rails)  # both twins: one alone halves the bandwidth
+    env = {
+        "VLLM_HOST_IP": address,
+        "NCCL_SOCKET_IFNAME": rail.interface,
+        "GLOO_SOCKET_IFNAME": rail.interface,
+        "TP_SOCKET_IFNAME": rail.interface,
+        "UCX_NET_DEVICES": rail.interface,
+        "OMPI_MCA_btl_tcp_if_include": rail.interface,
+        "NCCL_IB_HCA": hcas,
+        "NCCL_IB_DISABLE": "0",
+        "MASTER_ADDR": str(inventory.head.link_address),
+        # Ray's memory monitor reads page cache on unified memory as pressure and kills vLLM.
+        "RAY_memory_monitor_refresh_ms": "0",
+        "RAY_DEDUP_LOGS": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ADDRESS": f"{inventory.head.link_address}:{inventory.cluster.ray_port}",
+    }
+    env.update(inventory.cluster.env)
+    return env
+
+
+@dataclass(frozen=True)
+class RayNodePlan:
+    node: str
+    is_head: bool
+    address: str  # the link address Ray binds to
+    env: Mapping[str, str]
+    start: str  # the command that runs Ray in the foreground on the node (`ray start --block`)
+
+
+def ray_start_args(inventory: Inventory, spec: NodeSpec) -> list[str]:
+    cluster = inventory.cluster
+    args = ["ray", "start", "--block", f"--node-ip-address={spec.link_address}", "--num-gpus=1",
+            "--disable-usage-stats"]
+    if spec.is_head:
+        args += ["--head", f"--port={cluster.ray_port}",
+                 # The dashboard serves the state API `status` reads; on the link, not 0.0.0.0.
+                 f"--dashboard-host={spec.link_address}", f"--dashboard-port={DASHBOARD_PORT}"]
+    else:
+        args += [f"--address={inventory.head.link_address}:{cluster.ray_port}"]
+    return args
+
+
+def plan_node(inventory: Inventory, spec: NodeSpec) -> RayNodePlan:
+    args = ray_start_args(inventory, spec)
+    cluster = inventory.cluster
+    if cluster.runtime == "host":
+        python = remote_path(cluster.python) if cluster.python else "python3"
+        # `python -m ray.scripts.scripts` is the `ray` console script of that environment.
+        start = f"{python} -m ray.scripts.scripts " + shlex.join(args[1:])
+    else:
+        start = shlex.join(args)
+    return RayNodePlan(spec.name, spec.is_head, str(spec.link_address), node_env(inventory, spec), start)
+
+
+def plan(inventory: Inventory) -> list[RayNodePlan]:
+    """Head first: workers join it."""
+    return [plan_node(inventory, spec) for spec in (inventory.head, *inventory.workers)]
+
+
+def container_name(inventory: Inventory) -> str:
+    return f"spark-cluster-{inventory.cluster.name}"
+
+
+def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
+    """`docker run` of the inventory's image with what the peer tools found necessary."""
+    cluster = inventory.cluster
+    hf_cache = inventory.model.hf_cache if inventory.model else "~/.cache/huggingface"
+    args = ["docker", "run", "-d", "--name", container_name(inventory),
+            "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", CONTAINER_SHM,
+            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+            "--device", "/dev/infiniband", "--entrypoint", "/bin/bash"]
+    for key, value in node_plan.env.items():
+        args += ["-e", f"{key}={value}"]
+    words = " ".join(shlex.quote(a) for a in args)
+    mount = f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"
+    return f"{words} {mount} {shlex.quote(cluster.image or '')} -c {shlex.quote(node_plan.start)}"
+
+
+def non_carry_over_file() -> str:
+    """vLLM reads this list on every node and keeps those variables node-local."""
+    return json.dumps(sorted(PER_NODE_VARS))
+
+
+def config_digest(inventory: Inventory) -> str:
+    """What a running cluster must match to be reused: everything that shapes Ray."""
+    shape = {
+        "runtime": inventory.cluster.runtime,
+        "image": inventory.cluster.image,
+        "python": inventory.cluster.python,
+        "port": inventory.cluster.ray_port,
+        "nodes": [(p.node, p.is_head, p.address, p.start, sorted(p.env.items())) for p in plan(inventory)],
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class MpNodePlan:
+    """vLLM's native multi-node mode (--nnodes), for images without Ray."""
+
+    node: str
+    rank: int
+    headless: bool
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+MP_MASTER_PORT = 29501
+
+
+def plan_mp(inventory: Inventory, serve_args: list[str]) -> list[MpNodePlan]:
+    """Workers first (rank 1..n-1, --headless), then the head (rank 0), which serves the API."""
+    head = inventory.head
+    order = [*inventory.workers, head]
+    plans = []
+    for spec in order:
+        rank = 0 if spec.is_head else inventory.workers.index(spec) + 1
+        args = [*serve_args, "--distributed-executor-backend", "mp",
+                "--nnodes", str(len(inventory.nodes)), "--node-rank", str(rank),
+                "--master-addr", str(head.link_address), "--master-port", str(MP_MASTER_PORT)]
+        if not spec.is_head:
+            args.append("--headless")
+        env = {k: v for k, v in node_env(inventory, spec).items() if not k.startswith("RAY_")}
+        plans.append(MpNodePlan(spec.name, rank, not spec.is_head, tuple(args), env))
+    return plans

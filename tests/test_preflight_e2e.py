@@ -1,0 +1,170 @@
+"""`check` and `fix` end to end on the simulated lab, for every fault `lab break` injects."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_cluster.sim import lab as simlab
+from spark_cluster.sim.breakage import break_node, heal_node
+from spark_cluster.sim.layout import NodePaths
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
+]
+
+# lab fault -> (finding id, severity) that scripts may rely on (issue "Preflight checks").
+EXPECTED = {
+    "kernel-update": ("driver.modules-missing", "blocker"),
+    "driver-mismatch": ("driver.version-mismatch", "blocker"),
+    "module-unloaded": ("driver.module-not-loaded", "blocker"),
+    "link-down": ("link.down", "blocker"),
+    "mtu": ("link.mtu-mismatch", "blocker"),
+    "memory-hog": ("memory.competing-process", "blocker"),
+    "disk-full": ("disk.full", "blocker"),
+    "clock-skew": ("clock.skew", "warning"),
+}
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+def check(inventory: Path) -> tuple[int, dict]:
+    done = cli("check", str(inventory), "--json")
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def blockers(report: dict) -> list[tuple[str, str]]:
+    return [(f["node"], f["id"]) for f in report["findings"] if f["severity"] == "blocker"]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory):
+    inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
+    simlab.down()
+    lab_, _ = simlab.up(2, inventory_out=inventory)
+    yield lab_, inventory
+    assert simlab.down() == []
+
+
+@pytest.fixture
+def healthy(lab):
+    """Every test starts and ends with a healthy lab."""
+    lab_, inventory = lab
+    yield lab_, inventory
+    for node in lab_.nodes:
+        heal_node(lab_, node.name)
+
+
+def test_healthy_lab_passes_within_three_seconds(healthy) -> None:
+    _, inventory = healthy
+    started = time.monotonic()
+    code, report = check(inventory)
+    took = time.monotonic() - started
+    print(f"check --json on a healthy two-node lab: {took:.2f} s")
+    assert code == 0, blockers(report)
+    assert took < 3.0
+    assert report["ok"] is True and report["blockers"] == 0
+    assert set(report["nodes"]) == {"spark-a", "spark-b"}
+    node = report["nodes"]["spark-b"]
+    assert node["gpu"] == "NVIDIA GB10"
+    assert node["kernel"] == "6.17.0-1014-nvidia"
+    assert node["links"]["enp1s0f1np1"] == {"up": True, "mtu": 9000,
+                                            "addresses": ["192.168.100.11/24"],
+                                            "speed_mbps": node["links"]["enp1s0f1np1"]["speed_mbps"]}
+    for finding in report["findings"]:
+        assert set(finding) == {"id", "severity", "node", "message", "evidence", "fix"}
+
+
+@pytest.mark.parametrize("fault", list(EXPECTED))
+def test_each_fault_is_the_right_finding_on_the_right_node(healthy, fault: str) -> None:
+    lab_, inventory = healthy
+    break_node(lab_, "spark-b", fault)
+    code, report = check(inventory)
+    finding_id, severity = EXPECTED[fault]
+    mine = [f for f in report["findings"] if f["id"] == finding_id]
+    assert mine, report["findings"]
+    assert {f["node"] for f in mine} == {"spark-b"}
+    assert all(f["severity"] == severity and f["evidence"] for f in mine)
+    others = [b for b in blockers(report) if b != ("spark-b", finding_id)]
+    assert others == []
+    assert code == (1 if severity == "blocker" else 0)
+
+
+@pytest.mark.parametrize("fault", ["kernel-update", "module-unloaded", "memory-hog", "mtu"])
+def test_fix_yes_repairs_and_check_passes_again(healthy, fault: str) -> None:
+    lab_, inventory = healthy
+    break_node(lab_, "spark-b", fault)
+    done = cli("fix", str(inventory), "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"fixed: spark-b: {EXPECTED[fault][0]}" in done.stdout
+    code, report = check(inventory)
+    assert code == 0, blockers(report)
+
+
+def test_dry_run_changes_nothing(healthy) -> None:
+    lab_, inventory = healthy
+    break_node(lab_, "spark-b", "kernel-update")
+    break_node(lab_, "spark-a", "memory-hog")
+    states = {n.name: NodePaths.for_node(n.name).state.read_bytes() for n in lab_.nodes}
+    done = cli("fix", str(inventory), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    # It says exactly what would run, on which node...
+    assert ("sudo sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y "
+            "linux-modules-nvidia-580-open-6.17.0-1018-nvidia") in done.stdout
+    assert "spark-b  driver-repair" in done.stdout and "spark-a  stop-competing-servers" in done.stdout
+    # ...and changes nothing anywhere.
+    assert {n.name: NodePaths.for_node(n.name).state.read_bytes() for n in lab_.nodes} == states
+    code, report = check(inventory)
+    assert sorted(blockers(report)) == [("spark-a", "memory.competing-process"),
+                                       ("spark-b", "driver.modules-missing")]
+
+
+def test_fix_without_yes_and_without_a_terminal_changes_nothing(healthy) -> None:
+    lab_, inventory = healthy
+    break_node(lab_, "spark-b", "module-unloaded")
+    done = cli("fix", str(inventory))
+    assert done.returncode == 1
+    assert "nothing was changed" in done.stderr
+    code, _ = check(inventory)
+    assert code == 1
+
+
+def test_driver_mismatch_needs_reboot_and_reboots_only_when_asked(healthy) -> None:
+    lab_, inventory = healthy
+    break_node(lab_, "spark-b", "driver-mismatch")
+    done = cli("fix", str(inventory), "--yes")
+    assert done.returncode == 1
+    assert "needs a reboot: spark-b" in done.stdout
+    assert check(inventory)[0] == 1
+    done = cli("fix", str(inventory), "--yes", "--reboot")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "fixed: spark-b: driver.version-mismatch" in done.stdout
+    assert check(inventory)[0] == 0
+
+
+def test_unreachable_node_is_one_finding(healthy) -> None:
+    lab_, inventory = healthy
+    frozen = lab_.node("spark-b").sshd_pid
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        code, report = check(inventory)
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    assert code == 1
+    assert blockers(report) == [("spark-b", "ssh.unreachable")]
+    assert report["nodes"]["spark-b"] is None
+    assert report["nodes"]["spark-a"]["gpu"] == "NVIDIA GB10"
