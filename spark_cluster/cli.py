@@ -144,6 +144,93 @@ def _report_change(before, after, results) -> None:  # noqa: ANN001 - Report, Re
         ui.console.print("check: no blockers left")
 
 
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--until", type=click.Choice(["check", "ray"]), default="ray", show_default=True,
+              help="Stop after this stage.")
+@click.option("--restart", is_flag=True, help="Replace a running Ray cluster of another configuration.")
+def up(inventory: str, until: str, restart: bool) -> int:
+    """Check every node, then bring Ray up over the link (reusing a healthy cluster)."""
+    from .lock import cluster_lock
+    from .preflight import preflight
+    from .ray_cluster import bring_up
+    from .report_view import report_dict
+
+    inv = load_inventory(inventory)
+    started = time.monotonic()
+    with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet:
+        ui.stage(1, "check", f"{len(inv.nodes)} nodes")
+        report = preflight(inv, fleet)
+        if report.blockers:
+            ui.check_report(report_dict(report, [n.name for n in inv.nodes]))
+            raise SparkClusterError(
+                f"check found {len(report.blockers)} blocker(s); nothing was started\n"
+                f"  hint: spark-cluster fix {inventory}  (or --dry-run to see what it would do)")
+        ui.console.print(f"  every node passes ({report.seconds:.1f} s)")
+        if until == "check":
+            return 0
+        ui.stage(2, "ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
+        with ui.Waiting() as waiting:
+            result = bring_up(inv, fleet, restart=restart, progress=waiting.update)
+        ui.ray_summary(result.state, inv)
+        verb = "reused" if result.reused else f"started on {', '.join(result.started)}"
+        ui.console.print(f"  Ray {verb} in {result.seconds:.1f} s")
+    ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
+    return 0
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(inventory: str, as_json: bool) -> int:
+    """Each node's reachability and the Ray cluster: nodes alive or dead, GPUs, addresses."""
+    from .ray_cluster import query_state
+
+    inv = load_inventory(inventory)
+    with fleet_for(inv) as fleet:
+        reach = fleet.run("true", timeout=15)
+        head = reach[inv.head.name]
+        state = (query_state(inv, fleet.node(inv.head.name)) if not isinstance(head, Exception)
+                 else None)
+    nodes = {name: {"reachable": not isinstance(value, Exception),
+                    "error": str(value).splitlines()[0] if isinstance(value, Exception) else None}
+             for name, value in reach.items()}
+    healthy = all(n["reachable"] for n in nodes.values()) and state is not None and state.healthy(inv)
+    data = {"cluster": inv.cluster.name, "healthy": healthy, "nodes": nodes,
+            "ray": state.as_dict() if state else {"reachable": False, "error": "head unreachable"}}
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+    else:
+        ui.status_view(data, inv)
+    return 0 if healthy else 1
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+def down(inventory: str) -> int:
+    """Stop Ray (and its containers) on every node, then verify that nothing of it is left."""
+    from .lock import cluster_lock
+    from .ray_cluster import leftovers, tear_down
+
+    inv = load_inventory(inventory)
+    failed = False
+    with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet:
+        stopped = tear_down(inv, fleet)
+        left = fleet.map(lambda node: leftovers(inv, node))
+    for name in stopped:
+        outcome, remains = stopped[name], left[name]
+        if isinstance(outcome, Exception) or isinstance(remains, Exception):
+            error = outcome if isinstance(outcome, Exception) else remains
+            ui.console.print(f"{name}: not cleaned: {str(error).splitlines()[0]}")
+            failed = True
+        elif remains:
+            ui.console.print(f"{name}: still there: {', '.join(remains)}")
+            failed = True
+        else:
+            ui.console.print(f"{name}: stopped; no process, container or port of the cluster left")
+    return 1 if failed else 0
+
+
 @cli.group()
 def lab() -> None:
     """The simulated lab: Sparks as network namespaces with real sshd (needs root)."""

@@ -119,6 +119,7 @@ class ClusterSettings:
     python: str | None = None
     ray_port: int = 6379
     executor: str = "ray"
+    install_ray: bool = False  # container runtime: pip-install the pinned Ray into an image without it
     # hash=False: a mappingproxy is unhashable, and the records should stay hashable.
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     ssh: SSHSettings = field(default_factory=SSHSettings)
@@ -309,6 +310,7 @@ def _parse_cluster(c: Checker, value: object, path: YamlPath, base: Path) -> Clu
         "python": (lambda v, p: c.text(v, p, _PYTHON), None),
         "ray_port": (lambda v, p: c.integer(v, p, 1, 65535), 6379),
         "executor": (lambda v, p: c.choice(v, p, ("ray", "mp")), "ray"),
+        "install_ray": (lambda v, p: _flag(c, v, p), False),
         "env": (lambda v, p: _parse_env(c, v, p), MappingProxyType({})),
         "ssh": (lambda v, p: _parse_ssh(c, v, p, base), SSHSettings()),
     }
@@ -318,6 +320,13 @@ def _parse_cluster(c: Checker, value: object, path: YamlPath, base: Path) -> Clu
         c.report(path, "cluster.image is required when runtime is container", _IMAGE_HINT)
         return None
     return None if f is None else ClusterSettings(**f)
+
+
+def _flag(c: Checker, value: object, path: YamlPath) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    c.report(path, f"{path[-1]} must be true or false, got {value!r}", "write true or false")
+    return None
 
 
 def _given(value: object, key: str) -> object:

@@ -24,7 +24,15 @@ PER_NODE_VARS = (
 )
 STATE_DIR = "~/.cache/spark-cluster"  # per node: pid files, logs, the config digest
 DASHBOARD_PORT = 8265
-CONTAINER_SHM = "10.24g"  # run_cluster.sh's and NVIDIA's playbook's value
+CONTAINER_SHM = "10.24g"
+OBJECT_STORE_BYTES = 1024**3  # run_cluster.sh's and NVIDIA's playbook's value
+
+
+def pinned_ray() -> str:
+    """The Ray this package pins (pyproject): every node must run the same."""
+    from importlib.metadata import version
+
+    return version("ray")
 
 
 def state_dir(cluster: str) -> str:
@@ -68,7 +76,8 @@ class RayNodePlan:
 def ray_start_args(inventory: Inventory, spec: NodeSpec) -> list[str]:
     cluster = inventory.cluster
     args = ["ray", "start", "--block", f"--node-ip-address={spec.link_address}", "--num-gpus=1",
-            "--disable-usage-stats"]
+            # Ray would take 30% of the unified memory for objects vLLM never stores there.
+            f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
     if spec.is_head:
         args += ["--head", f"--port={cluster.ray_port}",
                  # The dashboard serves the state API `status` reads; on the link, not 0.0.0.0.
@@ -85,6 +94,10 @@ def plan_node(inventory: Inventory, spec: NodeSpec) -> RayNodePlan:
         python = remote_path(cluster.python) if cluster.python else "python3"
         # `python -m ray.scripts.scripts` is the `ray` console script of that environment.
         start = f"{python} -m ray.scripts.scripts " + shlex.join(args[1:])
+    elif cluster.install_ray:
+        # The image ships without Ray (recent vLLM images): the pinned one, the controller's.
+        start = (f"python3 -m pip install -q {shlex.quote(f'ray[default]=={pinned_ray()}')} && "
+                 + shlex.join(args))
     else:
         start = shlex.join(args)
     return RayNodePlan(spec.name, spec.is_head, str(spec.link_address), node_env(inventory, spec), start)

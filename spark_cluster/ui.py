@@ -160,3 +160,64 @@ def fix_results(results: dict) -> None:
                 console.print(Text(f"{node}  {plan_outcome.plan.playbook.id}: verify: ")
                               + Text("ok" if plan_outcome.verified else "failed",
                                      style="green" if plan_outcome.verified else "red"))
+
+
+def stage(number: int, name: str, detail: str) -> None:
+    console.print(Text(f"[{number}] {name}", style="bold cyan") + Text(f"  {detail}"))
+
+
+class Waiting:
+    """A one-line live status while Ray comes up; plain lines when not on a terminal."""
+
+    def __init__(self) -> None:
+        self._status = console.status("starting") if console.is_terminal else None
+        self._last = ""
+
+    def __enter__(self) -> "Waiting":
+        if self._status:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status:
+            self._status.__exit__(None, None, None)
+
+    def update(self, message: str, state: object) -> None:
+        if state is not None and message == "waiting":
+            nodes = getattr(state, "nodes", ())
+            alive = sum(1 for n in nodes if n.alive)
+            message = f"waiting for Ray: {alive} node{'s' * (alive != 1)} alive"
+        if message != self._last:
+            self._last = message
+            if self._status:
+                self._status.update(message)
+            else:
+                console.print(f"  {message}")
+
+
+def ray_summary(state, inventory) -> None:  # noqa: ANN001 - RayState, Inventory
+    names = {str(s.link_address): s.name for s in inventory.nodes}
+    for node in state.nodes:
+        style = "green" if node.alive else "red"
+        console.print(Text(f"  {names.get(node.ip, '?'):<10} {node.ip:<16}", style=style)
+                      + Text(f"{'ALIVE' if node.alive else 'DEAD'}  {node.gpus:g} GPU"
+                             f"{'  head' if node.head else ''}  {node.message}"))
+
+
+def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
+    for name, node in data["nodes"].items():
+        line = "reachable" if node["reachable"] else f"unreachable: {node['error']}"
+        console.print(Text(f"{name:<10} ", style="bold") + Text(line, style="green" if node["reachable"] else "red"))
+    ray = data["ray"]
+    if not ray["reachable"]:
+        console.print(Text(f"ray: not running ({ray.get('error', '')})", style="red"))
+        return
+    console.print(Text(f"ray {ray['version']}", style="bold"))
+    names = {str(s.link_address): s.name for s in inventory.nodes}
+    for node in ray["nodes"]:
+        style = "green" if node["alive"] else "red"
+        console.print(Text(f"  {names.get(node['ip'], '?'):<10} {node['ip']:<16}", style=style)
+                      + Text(f"{'ALIVE' if node['alive'] else 'DEAD'}  {node['gpus']:g} GPU"
+                             f"{'  head' if node['head'] else ''}  {node['message']}"))
+    console.print(Text("healthy" if data["healthy"] else "not healthy",
+                       style="bold green" if data["healthy"] else "bold red"))

@@ -201,6 +201,17 @@ def _boot_script(name: str, paths: NodePaths) -> str:
     )
 
 
+def _write_image_bin(directory: Path) -> None:
+    """What the container image holds on its PATH: python3 and ray of the lab's Python."""
+    directory.mkdir()
+    python = shlex.quote(str(directory.parent / "python"))
+    for name, body in (("python3", f'exec {python} "$@"'),
+                       ("python", f'exec {python} "$@"'),
+                       ("ray", f'exec {python} -m ray.scripts.scripts "$@"')):
+        (directory / name).write_text(f"#!/bin/sh\n{body}\n")
+        (directory / name).chmod(0o755)
+
+
 def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
     paths = NodePaths.for_node(name, lab_root)
     for directory in (paths.root, paths.bin, paths.proc_driver, paths.etc_upper,
@@ -209,6 +220,10 @@ def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
     paths.tmp.chmod(0o1777)
     (paths.root / "empty-rc").write_text("")
     state = healthy_state(name, index)
+    for image in state["docker"]["images"].values():
+        # The vLLM image's PATH, where its python3 and ray are (the lab's Python stands in).
+        image["env"] = {"PATH": f"{lab_root / 'image-bin'}:/usr/local/sbin:/usr/local/bin:"
+                                "/usr/sbin:/usr/bin:/sbin:/bin"}
     save_state(paths.state, state)
     render(state, paths)
     write_etc(state, paths)
@@ -331,6 +346,7 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         _keygen(lab_root / "id_ed25519", "spark-cluster-lab")
         shutil.copy(lab_root / "id_ed25519.pub", lab_root / "authorized_keys")
         (lab_root / "python").symlink_to(sys.executable)
+        _write_image_bin(lab_root / "image-bin")
         write_checkpoint(lab_root / "checkpoint" / "hub")
         netns.create_mgmt_bridge()
         all_paths = []

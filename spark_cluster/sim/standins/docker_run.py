@@ -115,6 +115,8 @@ def run(ctx: Ctx, argv: list[str]) -> int:
         command = cmd or (img["cmd"] if not entry else [])
         argv_ = ([entry] if entry else []) + command
         cid = secrets.token_hex(32)
+        # The image's own ENV (its PATH: where its python, ray and vllm are) under the -e ones.
+        container_env = {**img.get("env", {}), **container_env}
         record = {
             "id": cid, "name": name, "image": image_ref, "image_id": img["id"],
             "entrypoint": entrypoint, "cmd": command,

@@ -1,0 +1,355 @@
+"""Ray over the link: start, join, verify, stop — only what this cluster started.
+
+On the host runtime each node's `ray start --block` runs in a session of its own, whose id
+is kept in ~/.cache/spark-cluster/<cluster>/ray.pid: stopping kills that session and
+nothing else (never `ray stop`, which kills every Ray on the machine). On the container
+runtime Ray runs in a container named for the cluster, and stopping removes that container.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .errors import SparkClusterError
+from .facts_probe import remote_path
+from .inventory import Inventory, NodeSpec
+from .ray_plan import (
+    DASHBOARD_PORT,
+    RayNodePlan,
+    config_digest,
+    container_name,
+    docker_run,
+    non_carry_over_file,
+    plan,
+    state_dir,
+)
+from .remote import Fleet, Node
+
+JOIN_DEADLINE_S = 120.0
+STOP_DEADLINE_S = 20.0
+
+# Asks the head's dashboard (bound to the link address) for Ray's view of the cluster,
+# with the node's own python3 and no Ray import: importing ray costs a second or two.
+_STATE_QUERY = r"""
+import json, sys, urllib.request
+base = sys.argv[1]
+def get(path):
+    with urllib.request.urlopen(base + path, timeout=5) as r:
+        return json.load(r)
+try:
+    nodes = get("/api/v0/nodes?detail=1&limit=100")["data"]["result"]["result"]
+    version = get("/api/version").get("ray_version")
+except Exception as e:
+    print(json.dumps({"error": "%s: %s" % (type(e).__name__, e)})); sys.exit(0)
+print(json.dumps({"version": version, "nodes": [
+    {"ip": n.get("node_ip"), "state": n.get("state"), "head": bool(n.get("is_head_node")),
+     "gpus": (n.get("resources_total") or {}).get("GPU", 0), "message": n.get("state_message") or ""}
+    for n in nodes]}))
+"""
+
+
+class RayError(SparkClusterError):
+    pass
+
+
+@dataclass(frozen=True)
+class RayNode:
+    name: str | None  # the inventory's name for this address, if any
+    ip: str
+    alive: bool
+    gpus: float
+    head: bool
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class RayState:
+    reachable: bool
+    version: str | None = None
+    nodes: tuple[RayNode, ...] = ()
+    error: str = ""
+
+    def alive(self, ip: str) -> bool:
+        return any(n.ip == ip and n.alive and n.gpus >= 1 for n in self.nodes)
+
+    def healthy(self, inventory: Inventory) -> bool:
+        return self.reachable and all(self.alive(str(s.link_address)) for s in inventory.nodes)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"reachable": self.reachable, "version": self.version, "error": self.error,
+                "nodes": [n.__dict__ for n in self.nodes]}
+
+
+def _dir(inventory: Inventory) -> str:
+    return remote_path(state_dir(inventory.cluster.name))
+
+
+def query_state(inventory: Inventory, head: Node) -> RayState:
+    """Ray's own view, from the head's dashboard."""
+    url = f"http://{inventory.head.link_address}:{DASHBOARD_PORT}"
+    result = head.run(f"python3 -I -c {shlex.quote(_STATE_QUERY)} {shlex.quote(url)}", timeout=20)
+    try:
+        raw = json.loads(result.stdout)
+    except ValueError:
+        return RayState(False, error=result.tail("stderr", 2) or f"exit {result.exit_code}")
+    if "error" in raw:
+        return RayState(False, error=raw["error"])
+    names = {str(s.link_address): s.name for s in inventory.nodes}
+    nodes = tuple(
+        RayNode(names.get(n["ip"]), n["ip"], n["state"] == "ALIVE", float(n["gpus"] or 0), n["head"],
+                n["message"])
+        for n in raw["nodes"]
+    )
+    return RayState(True, raw.get("version"), nodes)
+
+
+def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
+    d = _dir(inventory)
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in node_plan.env.items())
+    carry = shlex.quote(non_carry_over_file())
+    return (
+        f"set -e; d={d}; mkdir -p \"$d\" \"$HOME/.config/vllm\"; "
+        f"printf '%s\\n' {carry} > \"$HOME/.config/vllm/ray_non_carry_over_env_vars.json\"; "
+        f"cd \"$d\"; setsid nohup env {env} {node_plan.start} > \"$d/ray.log\" 2>&1 < /dev/null & "
+        f"echo $! > \"$d/ray.pid\"; echo started"
+    )
+
+
+def _stop_host(inventory: Inventory) -> str:
+    """Kill the session Ray was started in (and only it); exit 0 when none of it is left."""
+    d = _dir(inventory)
+    waits = int(STOP_DEADLINE_S / 0.2)
+    return (
+        f"d={d}; [ -f \"$d/ray.pid\" ] || exit 0; sid=$(cat \"$d/ray.pid\"); "
+        "pkill -TERM -s \"$sid\" 2>/dev/null; "
+        f"for i in $(seq {waits}); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
+        "pkill -KILL -s \"$sid\" 2>/dev/null; sleep 0.2; "
+        "if pgrep -s \"$sid\" >/dev/null; then echo \"left: $(pgrep -s \"$sid\" | tr '\\n' ' ')\"; exit 1; fi; "
+        "rm -f \"$d/ray.pid\" \"$d/ray.json\""
+    )
+
+
+def _stop_container(inventory: Inventory) -> str:
+    name = shlex.quote(container_name(inventory))
+    return (f"if [ -n \"$(docker ps -aq --filter name=^{container_name(inventory)}$)\" ]; then "
+            f"docker stop -t 10 {name} >/dev/null; docker rm -f {name} >/dev/null; fi; "
+            f"[ -z \"$(docker ps -aq --filter name=^{container_name(inventory)}$)\" ]")
+
+
+def stop_node(inventory: Inventory, node: Node) -> str:
+    command = _stop_container(inventory) if inventory.cluster.runtime == "container" else _stop_host(inventory)
+    result = node.run(command, timeout=STOP_DEADLINE_S + 30)
+    if not result.ok:
+        raise RayError(f"{node.name}: Ray did not stop: {result.tail('stdout', 2) or result.tail('stderr', 2)}")
+    return "stopped"
+
+
+def foreign_ray(node: Node, inventory: Inventory) -> list[int]:
+    """Ray daemons on the node that are not in this cluster's session (someone else's Ray)."""
+    d = _dir(inventory)
+    result = node.run(
+        f"sid=$(cat {d}/ray.pid 2>/dev/null || echo none); "
+        "for p in $(pgrep -x raylet; pgrep -x gcs_server); do "
+        "[ \"$(ps -o sid= -p $p | tr -d ' ')\" = \"$sid\" ] || echo $p; done", timeout=20)
+    return [int(p) for p in result.stdout.split() if p.isdigit()]
+
+
+def _log_tail(inventory: Inventory, node: Node) -> str:
+    d = _dir(inventory)
+    if inventory.cluster.runtime == "container":
+        cmd = f"docker logs --tail 15 {shlex.quote(container_name(inventory))} 2>&1"
+    else:
+        cmd = f"tail -n 15 {d}/ray.log"
+    return node.run(cmd, timeout=20).stdout
+
+
+def likely_cause(log: str) -> str:
+    if "Version mismatch" in log or "version mismatch" in log:
+        return "Ray versions differ between this node and the head: install the same Ray (same image) everywhere"
+    if "Failed to connect to GCS" in log or "TimedOut" in log:
+        return "the head's address is not reachable from this node: check the link, the addresses and a firewall on the Ray port"
+    if "address already in use" in log.lower() or "is already in use" in log or "used by other components" in log:
+        return "a port Ray needs is in use: another Ray or service runs on this node"
+    if "No such file" in log or "not found" in log:
+        return "Ray is not installed in the node's runtime (cluster.python / the image)"
+    return "see the log above"
+
+
+@dataclass
+class UpResult:
+    state: RayState
+    reused: bool
+    started: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+Progress = Callable[[str, RayState | None], None]
+
+
+def _read_config(inventory: Inventory, head: Node) -> dict[str, object] | None:
+    result = head.run(f"cat {_dir(inventory)}/ray.json 2>/dev/null", timeout=20)
+    try:
+        return json.loads(result.stdout) if result.ok else None
+    except ValueError:
+        return None
+
+
+def _describe(plans: list[RayNodePlan]) -> dict[str, object]:
+    return {p.node: {"start": p.start, "env": dict(p.env)} for p in plans}
+
+
+def config_diff(old: dict[str, object], new: dict[str, object]) -> list[str]:
+    """Human lines saying what differs between the running cluster and the inventory."""
+    lines = []
+    old_nodes = old.get("nodes", {}) if isinstance(old.get("nodes"), dict) else {}
+    new_nodes = new["nodes"]  # type: ignore[index]
+    for name in sorted(set(old_nodes) | set(new_nodes)):  # type: ignore[arg-type]
+        a, b = old_nodes.get(name), new_nodes.get(name)  # type: ignore[union-attr]
+        if a is None or b is None:
+            lines.append(f"{name}: {'added' if a is None else 'removed'}")
+            continue
+        if a["start"] != b["start"]:
+            lines.append(f"{name}: ray start: `{a['start']}` -> `{b['start']}`")
+        for key in sorted(set(a["env"]) | set(b["env"])):
+            if a["env"].get(key) != b["env"].get(key):
+                lines.append(f"{name}: {key}: {a['env'].get(key)} -> {b['env'].get(key)}")
+    return lines or ["the runtime or image"]
+
+
+def _start(inventory: Inventory, node: Node, node_plan: RayNodePlan) -> None:
+    if inventory.cluster.runtime == "container":
+        node.run(_stop_container(inventory), timeout=60)
+        result = node.run(docker_run(inventory, node_plan), timeout=120)
+    else:
+        result = node.run(_start_host(inventory, node_plan), timeout=60)
+    if not result.ok:
+        raise RayError(f"{node.name}: Ray did not start: {result.tail('stderr', 5) or result.tail('stdout', 5)}")
+
+
+def check_runtime(inventory: Inventory, fleet: Fleet) -> None:
+    """Before anything starts: Ray must be in the runtime of every node."""
+    cluster = inventory.cluster
+    if cluster.runtime == "container" and cluster.install_ray:
+        return  # installed by the container's own start command
+    if cluster.runtime == "container":
+        probe = (f"docker run --rm --entrypoint /bin/sh {shlex.quote(cluster.image or '')} -c "
+                 + shlex.quote("command -v ray >/dev/null && ray --version"))
+    else:
+        python = remote_path(cluster.python) if cluster.python else "python3"
+        probe = f"{python} -c 'import ray; print(ray.__version__)'"
+    results = fleet.run(probe, timeout=120)
+    missing = []
+    for name, result in results.items():
+        if isinstance(result, Exception):
+            raise result
+        if not result.ok:
+            missing.append(f"{name}: {result.tail('stderr', 1) or result.tail('stdout', 1)}")
+    if missing:
+        where = f"image {cluster.image}" if cluster.runtime == "container" else \
+            f"the Python {cluster.python or 'python3'}"
+        raise RayError(
+            f"Ray is not installed in {where}:\n  " + "\n  ".join(missing)
+            + "\n  hint: install ray[default] in it (the same version on every node)"
+            + (", or set cluster.install_ray: true to install the pinned Ray in the container"
+               if cluster.runtime == "container" else ""))
+
+
+def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
+             progress: Progress = lambda message, state: None,
+             deadline_s: float = JOIN_DEADLINE_S) -> UpResult:
+    """Make Ray run on every node, reusing a healthy cluster of the same configuration."""
+    started_at = time.monotonic()
+    head = fleet.node(inventory.head.name)
+    plans = plan(inventory)
+    wanted = {"digest": config_digest(inventory), "nodes": _describe(plans)}
+    running = _read_config(inventory, head)
+    state = query_state(inventory, head)
+    if running is not None and running.get("digest") != wanted["digest"] and state.reachable:
+        if not restart:
+            raise RayError(
+                "a Ray cluster with another configuration runs on these nodes:\n  "
+                + "\n  ".join(config_diff(running, wanted))
+                + "\n  hint: run `up` again with --restart to replace it")
+    elif running is not None and state.healthy(inventory) and not restart:
+        progress("reused", state)
+        return UpResult(state, True, seconds=time.monotonic() - started_at)
+
+    check_runtime(inventory, fleet)
+    full = restart or running is None or running.get("digest") != wanted["digest"] \
+        or not state.reachable
+    if full:
+        to_start = plans
+        for name, error in fleet.map(lambda n: stop_node(inventory, n)).failed.items():
+            raise RayError(f"{name}: could not stop the old Ray: {error}")
+    else:  # the head is up: restart only the nodes that dropped out
+        to_start = [p for p in plans if not p.is_head and not state.alive(p.address)]
+        for p in to_start:
+            stop_node(inventory, fleet.node(p.node))
+    for p in to_start:
+        foreign = foreign_ray(fleet.node(p.node), inventory)
+        if foreign:
+            raise RayError(
+                f"{p.node}: Ray processes not started by spark-cluster run there (pids "
+                f"{' '.join(map(str, foreign))}); they hold Ray's ports\n  hint: stop them "
+                "(`ray stop` on that node, if nothing else there uses Ray), then run `up` again")
+    head_plan = next(p for p in to_start if p.is_head) if any(p.is_head for p in to_start) else None
+    if head_plan is not None:
+        progress(f"starting the Ray head on {head_plan.node} ({head_plan.address})", None)
+        _start(inventory, head, head_plan)
+        _wait(inventory, head, lambda s: s.alive(head_plan.address), deadline_s, progress,
+              fleet, [head_plan])
+    workers = [p for p in to_start if not p.is_head]
+    if workers:
+        progress(f"joining {', '.join(p.node for p in workers)}", None)
+        errors = Fleet([fleet.node(p.node) for p in workers]).map(
+            lambda n: _start(inventory, n, next(p for p in workers if p.node == n.name))).failed
+        for name, error in errors.items():
+            raise RayError(f"{name}: {error}")
+    state = _wait(inventory, head, lambda s: s.healthy(inventory), deadline_s, progress, fleet, to_start)
+    head.run(f"printf '%s\\n' {shlex.quote(json.dumps(wanted))} > {_dir(inventory)}/ray.json", timeout=20)
+    return UpResult(state, False, [p.node for p in to_start], time.monotonic() - started_at)
+
+
+def _wait(inventory: Inventory, head: Node, done: Callable[[RayState], bool], deadline_s: float,
+          progress: Progress, fleet: Fleet, started: list[RayNodePlan]) -> RayState:
+    end = time.monotonic() + deadline_s
+    state = RayState(False)
+    while time.monotonic() < end:
+        state = query_state(inventory, head)
+        progress("waiting", state)
+        if done(state):
+            return state
+        time.sleep(1.0)
+    missing = [p for p in started if not state.alive(p.address)]
+    lines = []
+    for p in missing:
+        tail = _log_tail(inventory, fleet.node(p.node))
+        lines.append(f"{p.node} ({p.address}) did not join within {deadline_s:.0f} s; "
+                     f"likely cause: {likely_cause(tail)}\n    last lines of its Ray log:\n"
+                     + "\n".join(f"      {line}" for line in tail.strip().splitlines()[-10:]))
+    raise RayError("Ray did not come up:\n  " + "\n  ".join(lines or [state.error or "no answer"]))
+
+
+def tear_down(inventory: Inventory, fleet: Fleet) -> dict[str, str | Exception]:
+    """Stop Ray (process session or container) on every node that answers."""
+    return dict(fleet.map(lambda n: stop_node(inventory, n)))
+
+
+def leftovers(inventory: Inventory, node: Node) -> list[str]:
+    """What of this cluster still runs on a node: our session, our container, Ray's ports."""
+    d = _dir(inventory)
+    name = container_name(inventory)
+    result = node.run(
+        f"sid=$(cat {d}/ray.pid 2>/dev/null); [ -z \"$sid\" ] || pgrep -s \"$sid\" | sed 's/^/process /'; "
+        f"docker ps -aq --filter name=^{name}$ 2>/dev/null | sed 's/^/container /'; "
+        f"ss -ltnH 2>/dev/null | awk '{{print $4}}' | grep -E ':({inventory.cluster.ray_port}|{DASHBOARD_PORT})$'"
+        " | sed 's/^/listening /'; true", timeout=20)
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def node_for_ip(inventory: Inventory, ip: str) -> NodeSpec | None:
+    return next((s for s in inventory.nodes if str(s.link_address) == ip), None)

@@ -1,0 +1,164 @@
+"""Real Ray across the lab's nodes: bring-up over the link, reuse, healing, restart, teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_cluster.sim import lab as simlab
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
+]
+
+
+def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+def status(inventory: Path) -> tuple[int, dict]:
+    done = cli("status", str(inventory), "--json")
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def alive(report: dict) -> dict[str, float]:
+    return {n["ip"]: n["gpus"] for n in report["ray"]["nodes"] if n["alive"]}
+
+
+def on_node(inventory: Path, node: str, command: str) -> subprocess.CompletedProcess[str]:
+    return cli("exec", str(inventory), "--node", node, "--", command, timeout=60)
+
+
+def poll(predicate, deadline_s: float, interval_s: float = 1.0):  # noqa: ANN001, ANN201
+    end = time.monotonic() + deadline_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > end:
+            return value
+        time.sleep(interval_s)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory):
+    inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
+    simlab.down()
+    simlab.up(2, inventory_out=inventory)
+    yield inventory
+    cli("down", str(inventory))
+    assert simlab.down() == []
+
+
+def test_up_until_ray_brings_both_nodes_up_on_the_link(lab) -> None:
+    done = cli("up", str(lab), "--until", "ray")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[2] ray" in done.stdout
+    code, report = status(lab)
+    assert code == 0, report
+    assert alive(report) == {"192.168.100.10": 1.0, "192.168.100.11": 1.0}
+    assert report["ray"]["version"] == "2.60.0"
+    heads = [n["ip"] for n in report["ray"]["nodes"] if n["head"]]
+    assert heads == ["192.168.100.10"]
+    # Each node's Ray carries that node's own environment, not the head's.
+    env = on_node(lab, "spark-b", "tr '\\0' '\\n' < /proc/$(cat ~/.cache/spark-cluster/sim/ray.pid)/environ")
+    assert "VLLM_HOST_IP=192.168.100.11" in env.stdout
+    assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in env.stdout
+
+
+def test_second_up_reuses_the_cluster(lab) -> None:
+    before = on_node(lab, "spark-a", "cat ~/.cache/spark-cluster/sim/ray.pid").stdout
+    done = cli("up", str(lab), "--until", "ray")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Ray reused" in done.stdout
+    assert on_node(lab, "spark-a", "cat ~/.cache/spark-cluster/sim/ray.pid").stdout == before
+
+
+def test_killed_worker_shows_dead_and_up_heals_it(lab) -> None:
+    killed = on_node(lab, "spark-b", "pkill -KILL -x raylet && echo killed")
+    assert "killed" in killed.stdout
+    dead = poll(lambda: "192.168.100.11" not in alive(status(lab)[1]), 60)
+    assert dead
+    assert status(lab)[0] == 1
+    done = cli("up", str(lab), "--until", "ray")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "started on spark-b" in done.stdout
+    code, report = status(lab)
+    assert code == 0 and alive(report) == {"192.168.100.10": 1.0, "192.168.100.11": 1.0}
+
+
+def test_changed_configuration_needs_restart(lab, tmp_path: Path) -> None:
+    moved = tmp_path / "moved.yaml"
+    moved.write_text(lab.read_text().replace("ray_port: 6379", "ray_port: 6380"))
+    done = cli("up", str(moved), "--until", "ray")
+    assert done.returncode == 1
+    assert "another configuration" in done.stderr and "--restart" in done.stderr
+    assert "--port=6379" in done.stderr and "--port=6380" in done.stderr
+    assert status(lab)[0] == 0  # the running cluster was left alone
+    done = cli("up", str(moved), "--until", "ray", "--restart")
+    assert done.returncode == 0, done.stdout + done.stderr
+    code, report = status(moved)
+    assert code == 0 and len(alive(report)) == 2
+    done = cli("up", str(lab), "--until", "ray", "--restart")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_down_leaves_no_ray_anywhere(lab) -> None:
+    done = cli("down", str(lab))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("no process, container or port of the cluster left") == 2
+    for node in ("spark-a", "spark-b"):
+        left = on_node(lab, node, "pgrep -x raylet || pgrep -x gcs_server || echo none")
+        assert left.stdout.rstrip().endswith("none"), left.stdout
+    assert status(lab)[0] == 1
+
+
+def test_container_runtime_through_docker(lab, tmp_path: Path) -> None:
+    boxed = tmp_path / "container.yaml"
+    boxed.write_text(lab.read_text().replace(
+        "  runtime: host\n", "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n"))
+    done = cli("up", str(boxed), "--until", "ray")
+    assert done.returncode == 0, done.stdout + done.stderr
+    code, report = status(boxed)
+    assert code == 0 and len(alive(report)) == 2
+    ps = on_node(boxed, "spark-b", "docker ps --format '{{.Names}}'")
+    assert "spark-cluster-sim" in ps.stdout
+    done = cli("down", str(boxed))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "spark-cluster-sim" not in on_node(boxed, "spark-b", "docker ps -a --format '{{.Names}}'").stdout
+
+
+def test_unreachable_node_on_down_is_reported_and_the_rest_cleaned(lab, tmp_path: Path) -> None:
+    assert cli("up", str(lab), "--until", "ray").returncode == 0
+    ghost = tmp_path / "ghost.yaml"
+    ghost.write_text(lab.read_text().replace("address: 10.117.0.12", "address: 10.117.0.99"))
+    done = cli("down", str(ghost), timeout=120)
+    assert done.returncode == 1
+    assert "spark-b: not cleaned" in done.stdout
+    assert "spark-a: stopped" in done.stdout
+    assert cli("down", str(lab)).returncode == 0
+
+
+def test_four_nodes_through_the_switch(tmp_path: Path) -> None:
+    # Runs last: replaces the module's two-node lab with a four-node one.
+    simlab.down()
+    inventory = tmp_path / "four.yaml"
+    simlab.up(4, inventory_out=inventory)
+    try:
+        done = cli("up", str(inventory), "--until", "ray")
+        assert done.returncode == 0, done.stdout + done.stderr
+        code, report = status(inventory)
+        assert code == 0
+        assert alive(report) == {f"192.168.100.{10 + i}": 1.0 for i in range(4)}
+        assert cli("down", str(inventory)).returncode == 0
+    finally:
+        assert simlab.down() == []
