@@ -231,6 +231,46 @@ def down(inventory: str) -> int:
     return 1 if failed else 0
 
 
+@cli.command()
+@click.option("--log", "log_file", required=True, metavar="FILE", help="A vLLM server log (stdout+stderr).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable conclusion (docs/diagnose.md).")
+@click.option("--stalled-after", default=1800.0, show_default=True, metavar="SECONDS",
+              help="A still-starting log that has not grown for this long is called dead (0: never).")
+def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
+    """Read a vLLM log: ready, failed or still loading; phase, shards, load time, cause.
+
+    Exit 0 for ready or loading, 1 for failed, 2 when the file cannot be read.
+    """
+    from .diagnose import NEXT_STEP, diagnose_log
+    from .errors import UsageError
+
+    path = Path(log_file)
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        idle = time.time() - path.stat().st_mtime if stalled_after > 0 else None
+    except OSError as exc:
+        raise UsageError(f"cannot read the log {path}: {exc.strerror or exc}\n"
+                         f"  hint: pass the file vLLM writes to, e.g. `vllm serve ... 2>&1 | tee vllm.log`, "
+                         f"then `spark-cluster diagnose --log vllm.log`") from exc
+    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or float("inf"))
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+    else:
+        shards = (f"{data['shards_loaded']}/{data['shards_total']}" if data["shards_total"] else "-")
+        load = f"{data['load_seconds']:.1f} s" if data["load_seconds"] is not None else "-"
+        gib = ", ".join(f"{g:g} GiB" for g in data["weights_gib"]) or "-"
+        for label, value in (("outcome", data["outcome"]), ("phase", data["phase"] or "-"),
+                             ("shards", shards), ("load time", load), ("weights", gib),
+                             ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
+            ui.console.print(f"{label:>9}: {value}", markup=False)
+        if data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
+            ui.console.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
+                             f"so the server is taken for dead (inferred)", markup=False)
+        if data["cause"]:
+            ui.console.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
+    return 1 if data["outcome"] == "failed" else 0
+
+
 @cli.group()
 def lab() -> None:
     """The simulated lab: Sparks as network namespaces with real sshd (needs root)."""

@@ -108,7 +108,38 @@ class Node(Protocol):
     def close(self) -> None: ...
 
 
-class SSHNode:
+class _Runner:
+    """What every node shares: environment, sudo, timing, the Result, the timeout's error.
+    Subclasses only carry a shell line to where it runs (`_execute`)."""
+
+    name: str
+
+    def run(
+        self,
+        command: str,
+        *,
+        sudo: bool = False,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        full = with_env(command, env)
+        started = time.monotonic()
+        try:
+            stdout, stderr, code = self._execute(full, sudo, timeout)
+        except TimeoutError:
+            raise CommandTimeout(
+                f"{self.name}: `{command}` ran past its {timeout:g} s timeout"
+            ) from None
+        return Result(self.name, command, stdout, stderr, code, time.monotonic() - started)
+
+    def _execute(self, line: str, sudo: bool, timeout: float | None) -> tuple[str, str, int]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class SSHNode(_Runner):
     """A node reached over one persistent SSH connection, opened on first use."""
 
     def __init__(
@@ -152,50 +183,22 @@ class SSHNode:
                 )
             return self._connection
 
-    def run(
-        self,
-        command: str,
-        *,
-        sudo: bool = False,
-        timeout: float | None = 60.0,
-        env: Mapping[str, str] | None = None,
-    ) -> Result:
+    def _execute(self, line: str, sudo: bool, timeout: float | None) -> tuple[str, str, int]:
         from invoke.exceptions import CommandTimedOut
 
         connection = self.connect()
-        full = with_env(command, env)
-        started = time.monotonic()
+        options = {"hide": True, "warn": True, "timeout": timeout, "in_stream": False}
         try:
             if sudo and self._sudo_password is not None:
                 connection.config.sudo.password = self._sudo_password
-                raw = connection.sudo(
-                    full, hide=True, warn=True, timeout=timeout, in_stream=False
-                )
+                raw = connection.sudo(line, **options)
             else:
-                raw = connection.run(
-                    as_sudo(full) if sudo else full,
-                    hide=True,
-                    warn=True,
-                    timeout=timeout,
-                    in_stream=False,
-                )
+                raw = connection.run(as_sudo(line) if sudo else line, **options)
         except CommandTimedOut:
-            raise CommandTimeout(
-                f"{self.name}: `{command}` ran past its {timeout:g} s timeout"
-            ) from None
-        result = Result(
-            node=self.name,
-            command=command,
-            stdout=raw.stdout,
-            stderr=raw.stderr,
-            exit_code=raw.exited,
-            seconds=time.monotonic() - started,
-        )
-        if sudo and result.exit_code == 1 and any(
-            marker in result.stderr for marker in _SUDO_PASSWORD_MARKERS
-        ):
+            raise TimeoutError from None
+        if sudo and raw.exited == 1 and any(m in raw.stderr for m in _SUDO_PASSWORD_MARKERS):
             raise SudoPasswordRequired(self.name, self.user)
-        return result
+        return raw.stdout, raw.stderr, raw.exited
 
     def close(self) -> None:
         with self._lock:
@@ -204,45 +207,24 @@ class SSHNode:
                 self._connection = None
 
 
-class LocalNode:
+class LocalNode(_Runner):
     """This machine, for steps that run here (the lab's own set-up, tests)."""
 
     def __init__(self, name: str = "local") -> None:
         self.name = name
 
-    def run(
-        self,
-        command: str,
-        *,
-        sudo: bool = False,
-        timeout: float | None = 60.0,
-        env: Mapping[str, str] | None = None,
-    ) -> Result:
-        full = with_env(command, env)
-        started = time.monotonic()
+    def _execute(self, line: str, sudo: bool, timeout: float | None) -> tuple[str, str, int]:
         try:
             done = subprocess.run(
-                ["sh", "-c", as_sudo(full) if sudo else full],
+                ["sh", "-c", as_sudo(line) if sudo else line],
                 capture_output=True,
                 text=True,
                 timeout=timeout,
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:
-            raise CommandTimeout(
-                f"{self.name}: `{command}` ran past its {timeout:g} s timeout"
-            ) from None
-        return Result(
-            node=self.name,
-            command=command,
-            stdout=done.stdout,
-            stderr=done.stderr,
-            exit_code=done.returncode,
-            seconds=time.monotonic() - started,
-        )
-
-    def close(self) -> None:
-        pass
+            raise TimeoutError from None
+        return done.stdout, done.stderr, done.returncode
 
 
 class FleetResult(Mapping[str, "T | Exception"], Generic[T]):

@@ -1,0 +1,103 @@
+"""Recipes: every shipped file loads and validates; unknown names and bad files say what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_cluster.errors import SparkClusterError
+from spark_cluster.recipes import Recipe, RecipeError, load_recipe, load_recipe_file, parse_recipe, recipe_names
+
+SEED_003 = ("--tensor-parallel-size 2 --enable-expert-parallel --quantization gptq_marlin --kv-cache-dtype fp8 "
+            "--gpu-memory-utilization 0.87 --attention-backend TRITON_ATTN")
+GOOD = """\
+model: org/model
+nodes: 1
+args: {max-model-len: 4096}
+weights_gib_per_node: 10
+reference: {source: a test}
+pitfalls: []
+"""
+
+
+def test_the_shipped_recipes() -> None:
+    assert {"qwen3-235b-a22b-gptq-int4", "gpt-oss-120b", "qwen3-30b-a3b-fp8", "nemotron-3-nano-nvfp4"} \
+        <= set(recipe_names())
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_recipe_loads_and_validates(name: str) -> None:
+    recipe = load_recipe(name)
+    assert isinstance(recipe, Recipe) and recipe.name == name
+    assert recipe.reference.source and recipe.pitfalls and recipe.weights_gib_per_node > 0
+    assert all(flag.startswith("--") for flag, _ in recipe.args)
+    with pytest.raises(AttributeError):
+        recipe.model = "x"  # type: ignore[misc]
+
+
+def test_qwen3_235b_is_seed_003() -> None:
+    r = load_recipe("qwen3-235b-a22b-gptq-int4")
+    assert r.model == "Qwen/Qwen3-235B-A22B-GPTQ-Int4" and r.nodes == 2
+    assert " ".join(r.argv) == SEED_003 + " --distributed-executor-backend ray"
+    assert r.weights_gib_per_node == 57.64
+    assert dict(r.reference.tok_s) == {1: 17.0, 2: 24.1, 4: 36.4} and r.reference.start_minutes == 15
+
+
+def test_unknown_recipe_names_the_known_ones_and_the_likeliest() -> None:
+    with pytest.raises(RecipeError) as err:
+        load_recipe("qwen3-235b-gptq-int4")
+    message = str(err.value)
+    assert "did you mean 'qwen3-235b-a22b-gptq-int4'" in message
+    for name in recipe_names():
+        assert name in message
+    assert isinstance(err.value, SparkClusterError)
+
+
+def test_a_good_minimal_recipe(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(GOOD + "env: {A: 1}\n")
+    r = load_recipe_file(path)
+    assert r.argv == ("--max-model-len", "4096") and dict(r.env) == {"A": "1"}
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (GOOD + "extra: 1\n", "unknown key 'extra'"),
+    (GOOD + "envv: {}\n", "did you mean 'env'"),
+    (GOOD.replace("nodes: 1", "nodes: two"), "nodes must be a whole number"),
+    (GOOD.replace("nodes: 1", "nodes: true"), "nodes must be a whole number"),
+    (GOOD.replace("model: org/model", "model: 3"), "model must be a Hugging Face repo id"),
+    (GOOD.replace("args: {max-model-len: 4096}", "args: [--x]"), "args must be a mapping"),
+    (GOOD.replace("max-model-len", "--max-model-len"), "is not a vLLM flag name"),
+    (GOOD.replace("4096", "null"), "args.max-model-len must be"),
+    (GOOD.replace("weights_gib_per_node: 10", "weights_gib_per_node: '10'"), "weights_gib_per_node must be"),
+    (GOOD.replace("{source: a test}", "{notes: x}"), "reference.source"),
+    (GOOD.replace("{source: a test}", "{source: s, tok_s: {one: 3}}"), "reference.tok_s"),
+    (GOOD.replace("{source: a test}", "{source: s, speed: 3}"), "unknown key reference.speed"),
+    (GOOD.replace("pitfalls: []", "pitfalls: [1]"), "pitfalls must be"),
+    (GOOD + "env: {A: [1]}\n", "env.A must be"),
+    (GOOD + "env: {1A: x}\n", "not an environment variable name"),
+    (GOOD.replace("nodes: 1\n", ""), "missing key 'nodes'"),
+    ("- a list\n", "a recipe is a mapping"),
+    ("model: [unclosed\n", "not valid YAML"),
+])
+def test_invalid_recipes_name_the_file_and_the_key(text: str, says: str) -> None:
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(text, "broken.yaml")
+    assert str(err.value).startswith("broken.yaml")
+    assert says in str(err.value)
+
+
+def test_recipe_args_forms(tmp_path: Path) -> None:
+    text = GOOD.replace("args: {max-model-len: 4096}",
+                        "args: {enforce-eager: true, enable-eplb: false, kv-cache-dtype: fp8, "
+                        "compilation-config: {level: 3}, allowed-origins: [a, b]}")
+    r = parse_recipe(text, "forms.yaml")
+    assert r.argv == ("--enforce-eager", "--kv-cache-dtype", "fp8", "--compilation-config", '{"level":3}',
+                      "--allowed-origins", "a", "b")
+    assert r.arg("kv-cache-dtype") == ("fp8",) and r.arg("enable-eplb") is None
+
+
+def test_recipe_files_ship_with_the_package() -> None:
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '"recipes/*.yaml"' in pyproject
