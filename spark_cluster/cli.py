@@ -98,7 +98,6 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
     """Run the playbooks that the blocking findings name, then check again."""
     from .preflight import preflight
     from .repair import approvals, execute, plans_for
-    from .report_view import report_dict
 
     inv = load_inventory(inventory)
     password = getpass.getpass("sudo password for the nodes: ") if ask_sudo_pass else None

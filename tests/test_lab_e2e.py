@@ -20,7 +20,7 @@ from spark_cluster.cli import main
 from spark_cluster.errors import ConnectError, LabError
 from spark_cluster.inventory import load_inventory
 from spark_cluster.nodes import fleet_for
-from spark_cluster.remote import Result, SSHNode
+from spark_cluster.remote import SSHNode
 from spark_cluster.sim import lab as simlab
 from spark_cluster.sim import netns
 from spark_cluster.sim.breakage import break_node, heal_node

@@ -76,11 +76,15 @@ def test_up_until_ray_brings_both_nodes_up_on_the_link(lab) -> None:
 
 
 def test_second_up_reuses_the_cluster(lab) -> None:
-    before = on_node(lab, "spark-a", "cat ~/.cache/spark-cluster/sim/ray.pid").stdout
+    def session() -> str:  # the last line: the header above it carries the command's timing
+        return on_node(lab, "spark-a", "cat ~/.cache/spark-cluster/sim/ray.pid").stdout.splitlines()[-1]
+
+    before = session()
+    assert before.isdigit()
     done = cli("up", str(lab), "--until", "ray")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Ray reused" in done.stdout
-    assert on_node(lab, "spark-a", "cat ~/.cache/spark-cluster/sim/ray.pid").stdout == before
+    assert session() == before
 
 
 def test_killed_worker_shows_dead_and_up_heals_it(lab) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.inventory import Inventory, ModelSpec, load_inventory
+from spark_cluster.inventory import Inventory, load_inventory
 from spark_cluster.ray_plan import node_env
 from spark_cluster.recipes import RecipeError
 from spark_cluster.serve_plan import ServePlanError, merge_args, parse_argv, serve_plan

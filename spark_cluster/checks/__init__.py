@@ -30,11 +30,11 @@ CLUSTER_CHECKS: tuple[ClusterCheck, ...] = (
 )
 
 
-def _guarded(name: str, node: str, run: Callable[[], Iterable[Finding]]) -> list[Finding]:
+def _guarded(node: str, check: Callable[..., Iterable[Finding]], *args: object) -> list[Finding]:
     try:
-        return list(run())
+        return list(check(*args))
     except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
-        return [blocker("check.crashed", node, f"the check {name} failed: {exc!r}",
+        return [blocker("check.crashed", node, f"the check {check.__name__} failed: {exc!r}",
                         "a bug in spark-cluster: please report it")]
 
 
@@ -48,12 +48,11 @@ def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[Fin
             continue
         ctx = NodeContext(inventory, spec)
         for check in NODE_CHECKS:
-            findings += _guarded(check.__name__, spec.name, lambda: check(f, ctx))
-        findings += _guarded("check_memory", spec.name,
-                             lambda: resources.check_memory(f, ctx, need))
-        findings += _guarded("check_disk", spec.name, lambda: resources.check_disk(f, ctx, need))
-    for check in CLUSTER_CHECKS:
-        findings += _guarded(check.__name__, "cluster", lambda: check(inventory, facts))
+            findings += _guarded(spec.name, check, f, ctx)
+        findings += _guarded(spec.name, resources.check_memory, f, ctx, need)
+        findings += _guarded(spec.name, resources.check_disk, f, ctx, need)
+    for cluster_check in CLUSTER_CHECKS:
+        findings += _guarded("cluster", cluster_check, inventory, facts)
     return findings
 
 

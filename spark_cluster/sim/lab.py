@@ -361,8 +361,10 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         lab = Lab(lab_root, tuple(nodes))
         _save_lab(lab)
         for node in nodes:
-            if not netns.wait_until(lambda: _port_open(node.address) or not pid_alive(node.sshd_pid),
-                                    timeout_s) or not pid_alive(node.sshd_pid):
+            def answering(node: LabNode = node) -> bool:
+                return _port_open(node.address) or not pid_alive(node.sshd_pid)
+
+            if not netns.wait_until(answering, timeout_s) or not pid_alive(node.sshd_pid):
                 log = (node.paths.log / "sshd.log").read_text(errors="replace").strip()
                 raise LabError(f"{node.name}: sshd did not start:\n{log[-2000:]}")
         _write_known_hosts(lab)

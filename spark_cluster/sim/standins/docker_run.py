@@ -25,7 +25,7 @@ RUN_VALUES = {"--name", "-e", "--env", "--env-file", "--network", "--net", "--ip
               "--cap-add", "--cap-drop", "-u", "--user", "-h", "--hostname", "-l", "--label", "--mount", "--pid",
               "--security-opt", "-p", "--publish", "-m", "--memory", "--cpus", "--platform", "--pull",
               "--log-driver", "--log-opt", "--add-host", "--tmpfs", "--group-add", "--stop-signal",
-              "--stop-timeout", "--ulimit", "--memory-swap", "--cgroupns", "--uts"}
+              "--stop-timeout", "--memory-swap", "--cgroupns", "--uts"}
 RUN_FLAGS = {"-d", "--detach", "--rm", "--privileged", "-i", "--interactive", "-t", "--tty", "--init",
              "-P", "--publish-all", "--read-only"}
 EXEC_VALUES = {"-e", "--env", "--env-file", "-w", "--workdir", "-u", "--user", "--detach-keys"}
