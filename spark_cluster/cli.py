@@ -145,19 +145,31 @@ def _report_change(before, after, results) -> None:  # noqa: ANN001 - Report, Re
 
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--until", type=click.Choice(["check", "ray"]), default="ray", show_default=True,
+@click.option("--until", type=click.Choice(["check", "ray", "vllm"]), default="vllm", show_default=True,
               help="Stop after this stage.")
 @click.option("--restart", is_flag=True, help="Replace a running Ray cluster of another configuration.")
-def up(inventory: str, until: str, restart: bool) -> int:
-    """Check every node, then bring Ray up over the link (reusing a healthy cluster)."""
+@click.option("--dry-run", is_flag=True, help="Print the vLLM launch plan per node; start nothing.")
+@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
+              help="Seconds to wait for vLLM to serve.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Stream events as JSON lines on stdout (the human view goes to stderr).")
+def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: float,
+       as_json: bool) -> int:
+    """Check every node, bring Ray up over the link, launch vLLM and follow it until it serves."""
     from .lock import cluster_lock
     from .preflight import preflight
     from .ray_cluster import bring_up
     from .report_view import report_dict
+    from .serve_plan import serve_plan
 
     inv = load_inventory(inventory)
+    plan = serve_plan(inv) if until == "vllm" or dry_run else None
+    if dry_run and plan is not None:
+        ui.console.out(plan.render())
+        return 0
     started = time.monotonic()
-    with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet:
+    events = ui.JsonLines(enabled=as_json)
+    with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, events:
         ui.stage(1, "check", f"{len(inv.nodes)} nodes")
         report = preflight(inv, fleet)
         if report.blockers:
@@ -166,6 +178,7 @@ def up(inventory: str, until: str, restart: bool) -> int:
                 f"check found {len(report.blockers)} blocker(s); nothing was started\n"
                 f"  hint: spark-cluster fix {inventory}  (or --dry-run to see what it would do)")
         ui.console.print(f"  every node passes ({report.seconds:.1f} s)")
+        events.emit("check", ok=True, seconds=round(report.seconds, 3))
         if until == "check":
             return 0
         ui.stage(2, "ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
@@ -174,46 +187,109 @@ def up(inventory: str, until: str, restart: bool) -> int:
         ui.ray_summary(result.state, inv)
         verb = "reused" if result.reused else f"started on {', '.join(result.started)}"
         ui.console.print(f"  Ray {verb} in {result.seconds:.1f} s")
-    ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
+        events.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
+                    nodes=[n.__dict__ for n in result.state.nodes])
+        if plan is not None:
+            _serve(fleet, plan, inventory, timeout_s, events)
+        ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
+
+
+def _serve(fleet, plan, inventory: str, timeout_s: float, events) -> None:  # noqa: ANN001
+    from . import serve
+
+    ui.stage(3, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
+    if serve.running(fleet.node(plan.head.node), plan.head):
+        problem = serve.readiness(plan)
+        if problem is None:
+            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
+            events.emit("ready", reused=True, endpoint=plan.endpoint, model=plan.served_model_name)
+            return
+        raise SparkClusterError(
+            f"vLLM of this cluster runs on {plan.head.node} but does not serve yet ({problem})\n"
+            f"  hint: spark-cluster logs -f {inventory}; or `spark-cluster down {inventory}` and `up` again")
+    serve.start(fleet, plan)
+    view = ui.LoadView(events)
+    inv = load_inventory(inventory)
+    by_ip = {str(spec.link_address): spec.name for spec in inv.nodes}
+    try:
+        progress = serve.follow(fleet, plan, view.update, timeout_s=timeout_s, nodes_by_ip=by_ip)
+    except KeyboardInterrupt:
+        raise SparkClusterError(
+            f"stopped following; vLLM keeps running on {plan.head.node}\n"
+            f"  hint: spark-cluster logs -f {inventory}   (or `status` / `down`)") from None
+    ui.ready_summary(plan, progress)
+    events.emit("ready", reused=False, endpoint=plan.endpoint, model=plan.served_model_name,
+                seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
+                phases={k: round(v, 3) for k, v in progress.phase_times.items()})
 
 
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(inventory: str, as_json: bool) -> int:
-    """Each node's reachability and the Ray cluster: nodes alive or dead, GPUs, addresses."""
-    from .ray_cluster import query_state
+    """Every layer: each node (memory, GPU, links), Ray (nodes alive, GPUs), vLLM (health, metrics)."""
+    from .health import collect_status
 
     inv = load_inventory(inventory)
     with fleet_for(inv) as fleet:
-        reach = fleet.run("true", timeout=15)
-        head = reach[inv.head.name]
-        state = (query_state(inv, fleet.node(inv.head.name)) if not isinstance(head, Exception)
-                 else None)
-    nodes = {name: {"reachable": not isinstance(value, Exception),
-                    "error": str(value).splitlines()[0] if isinstance(value, Exception) else None}
-             for name, value in reach.items()}
-    healthy = all(n["reachable"] for n in nodes.values()) and state is not None and state.healthy(inv)
-    data = {"cluster": inv.cluster.name, "healthy": healthy, "nodes": nodes,
-            "ray": state.as_dict() if state else {"reachable": False, "error": "head unreachable"}}
+        data = collect_status(inv, fleet)
     if as_json:
         ui.console.out(json.dumps(data, indent=2))
     else:
         ui.status_view(data, inv)
-    return 0 if healthy else 1
+    return 0 if data["healthy"] else 1
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--restart-on-failure", is_flag=True, help="Relaunch vLLM when its engine dies.")
+@click.option("--max-restarts", default=3, show_default=True, help="Give up after this many restarts.")
+@click.option("--count", type=int, default=None, help="Stop after this many refreshes (default: Ctrl-C).")
+def watch(inventory: str, interval: float, restart_on_failure: bool, max_restarts: int,
+          count: int | None) -> int:
+    """A live dashboard of every layer, refreshed each second; optionally restarts a dead vLLM."""
+    from .health import collect_status
+    from .watch import Supervisor
+
+    inv = load_inventory(inventory)
+    data: dict = {"healthy": False}
+    with fleet_for(inv) as fleet, ui.Dashboard(inv) as dashboard:
+        supervisor = Supervisor(inv, fleet, max_restarts, log=dashboard.log) if restart_on_failure else None
+        refreshes = 0
+        try:
+            while count is None or refreshes < count:
+                began = time.monotonic()
+                data = collect_status(inv, fleet)
+                dashboard.show(data)
+                if supervisor is not None and not supervisor.tend(data):
+                    return 1
+                refreshes += 1
+                if count is None or refreshes < count:
+                    time.sleep(max(0.0, interval - (time.monotonic() - began)))
+        except KeyboardInterrupt:
+            pass
+    return 0 if data["healthy"] else 1
 
 
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 def down(inventory: str) -> int:
-    """Stop Ray (and its containers) on every node, then verify that nothing of it is left."""
+    """Stop vLLM, Ray and their containers on every node; verify that nothing of them is left."""
     from .lock import cluster_lock
     from .ray_cluster import leftovers, tear_down
 
     inv = load_inventory(inventory)
     failed = False
     with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet:
+        if inv.model is not None:  # vLLM first: it is a client of Ray
+            from .serve import stop as stop_vllm
+            from .serve_plan import serve_plan
+
+            for name, outcome in stop_vllm(fleet, serve_plan(inv)).items():
+                if isinstance(outcome, Exception):
+                    ui.console.print(f"{name}: vLLM not stopped: {str(outcome).splitlines()[0]}")
         stopped = tear_down(inv, fleet)
         left = fleet.map(lambda node: leftovers(inv, node))
     for name in stopped:
@@ -268,6 +344,42 @@ def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
         if data["cause"]:
             ui.console.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
     return 1 if data["outcome"] == "failed" else 0
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--node", "node_name", metavar="NAME", help="This node's log (default: the head's vLLM log).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
+@click.option("-n", "--lines", default=50, show_default=True, help="How many last lines first.")
+def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int:
+    """The head's vLLM log (or a worker's Ray log), as `tail [-f]` on the node would show it."""
+    from .facts_probe import remote_path
+    from .ray_plan import state_dir
+
+    inv = load_inventory(inventory)
+    spec = inv.node(node_name) if node_name else inv.head
+    directory = state_dir(inv.cluster.name)
+    path = remote_path(f"{directory}/{'vllm.log' if spec.is_head and inv.model else 'ray.log'}")
+    with fleet_for(inv, only=spec.name) as fleet:
+        node = fleet.node(spec.name)
+        first = node.run(f"tail -n {int(lines)} {path}; wc -l < {path}", timeout=30)
+        if not first.ok:
+            raise SparkClusterError(f"{spec.name}: no log at {path}: {first.tail('stderr', 1)}\n"
+                                    "  hint: has `up` run on this cluster?")
+        *shown, count = first.stdout.rstrip("\n").split("\n")
+        ui.console.out("\n".join(shown), highlight=False)
+        done = int(count) if count.strip().isdigit() else 0
+        try:
+            while follow:
+                time.sleep(1.0)
+                more = node.run(f"tail -n +{done + 1} {path}", timeout=30).stdout
+                complete, _, _ = more.rpartition("\n")
+                if complete:
+                    ui.console.out(complete, highlight=False)
+                    done += complete.count("\n") + 1
+        except KeyboardInterrupt:
+            pass
+    return 0
 
 
 @cli.group()

@@ -115,6 +115,7 @@ class NodeFacts:
     sudo_ok: bool = False
     secure_boot: bool | None = None
     reboot_required: bool = False
+    own_pids: frozenset[int] = frozenset()  # in this cluster's Ray and vLLM sessions
     runtime_versions: dict[str, str] = field(default_factory=dict)  # python, ray, vllm, docker
     image_id: str | None = None
 
@@ -421,6 +422,7 @@ def parse_facts(node: str, raw: dict[str, dict[str, object]],
         sudo_ok=probes.get("sudo", MISSING).ok,
         secure_boot=("enabled" in secure.out.lower()) if secure.ok else None,
         reboot_required=probes.get("reboot_required", MISSING).ok,
+        own_pids=frozenset(int(p) for p in out("own_pids").split() if p.isascii() and p.isdigit()),
         runtime_versions=versions,
         image_id=out("image").strip() or None,
     )

@@ -94,6 +94,10 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
         Probe("secure_boot", "mokutil --sb-state"),
         Probe("reboot_required", "cat /var/run/reboot-required"),
     ]
+    # Processes of this cluster's own Ray and vLLM sessions: not "another model server".
+    state = remote_path(f"~/.cache/spark-cluster/{inventory.cluster.name}")
+    probes.append(Probe("own_pids", f"for f in {state}/vllm.pid {state}/ray.pid; do "
+                                    "sid=$(cat \"$f\" 2>/dev/null) && pgrep -s \"$sid\"; done; true"))
     model = inventory.model
     hf_cache = model.hf_cache if model else "~/.cache/huggingface"
     probes.append(Probe(

@@ -28,6 +28,7 @@ from .ray_plan import (
     state_dir,
 )
 from .remote import Fleet, Node
+from .serve_plan import API_PORT
 
 JOIN_DEADLINE_S = 120.0
 STOP_DEADLINE_S = 20.0
@@ -344,9 +345,10 @@ def leftovers(inventory: Inventory, node: Node) -> list[str]:
     d = _dir(inventory)
     name = container_name(inventory)
     result = node.run(
-        f"sid=$(cat {d}/ray.pid 2>/dev/null); [ -z \"$sid\" ] || pgrep -s \"$sid\" | sed 's/^/process /'; "
+        f"for f in {d}/ray.pid {d}/vllm.pid; do sid=$(cat \"$f\" 2>/dev/null); "
+        "[ -z \"$sid\" ] || pgrep -s \"$sid\" | sed 's/^/process /'; done; "
         f"docker ps -aq --filter name=^{name}$ 2>/dev/null | sed 's/^/container /'; "
-        f"ss -ltnH 2>/dev/null | awk '{{print $4}}' | grep -E ':({inventory.cluster.ray_port}|{DASHBOARD_PORT})$'"
+        f"ss -ltnH 2>/dev/null | awk '{{print $4}}' | grep -E ':({inventory.cluster.ray_port}|{DASHBOARD_PORT}|{API_PORT})$'"
         " | sed 's/^/listening /'; true", timeout=20)
     return [line for line in result.stdout.splitlines() if line.strip()]
 

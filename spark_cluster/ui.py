@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -206,11 +207,17 @@ def ray_summary(state, inventory) -> None:  # noqa: ANN001 - RayState, Inventory
 
 def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
     for name, node in data["nodes"].items():
-        line = "reachable" if node["reachable"] else f"unreachable: {node['error']}"
+        if node["reachable"]:
+            line = (f"reachable  memory {node['memory_used_gib']} GiB used, "
+                    f"{node['memory_available_gib']} GiB available  GPU {node['gpu_temperature_c']} C "
+                    f"{node['gpu_power_w']} W  links {' '.join(node['links'])}")
+        else:
+            line = f"unreachable: {node['error']}"
         console.print(Text(f"{name:<10} ", style="bold") + Text(line, style="green" if node["reachable"] else "red"))
     ray = data["ray"]
     if not ray["reachable"]:
         console.print(Text(f"ray: not running ({ray.get('error', '')})", style="red"))
+        vllm_status(data)
         return
     console.print(Text(f"ray {ray['version']}", style="bold"))
     names = {str(s.link_address): s.name for s in inventory.nodes}
@@ -219,5 +226,157 @@ def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
         console.print(Text(f"  {names.get(node['ip'], '?'):<10} {node['ip']:<16}", style=style)
                       + Text(f"{'ALIVE' if node['alive'] else 'DEAD'}  {node['gpus']:g} GPU"
                              f"{'  head' if node['head'] else ''}  {node['message']}"))
+    vllm_status(data)
     console.print(Text("healthy" if data["healthy"] else "not healthy",
                        style="bold green" if data["healthy"] else "bold red"))
+
+
+class JsonLines:
+    """`up --json`: one JSON object per event on stdout; the human view moves to stderr."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._stdout = None
+
+    def __enter__(self) -> "JsonLines":
+        global console
+        if self.enabled:
+            self._stdout, console = console, err_console
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global console
+        if self._stdout is not None:
+            console = self._stdout
+
+    def emit(self, event: str, **data: object) -> None:
+        if self.enabled and self._stdout is not None:
+            self._stdout.out(json.dumps({"event": event, "time": round(time.time(), 3), **data}),
+                             highlight=False)
+
+
+class LoadView:
+    """vLLM's start, one line per step: each phase as it begins, shards per tenth, memory."""
+
+    def __init__(self, events: JsonLines | None = None) -> None:
+        self._phase: str | None = None
+        self._tenth = -1
+        self._events = events
+        self._last: tuple | None = None
+
+    def update(self, progress) -> None:  # noqa: ANN001 - serve.Progress
+        state = progress.state
+        if self._events is not None:
+            key = (state.phase, progress.bar, state.shards_loaded)
+            if key != self._last:
+                self._last = key
+                bar = progress.bar or (state.shards_loaded, state.shards_total)
+                self._events.emit("progress", phase=state.phase, elapsed=round(progress.elapsed, 3),
+                                  shards_loaded=bar[0], shards_total=bar[1],
+                                  memory_gib={k: round(v, 2) for k, v in progress.memory_gib.items()})
+        memory = "  ".join(f"{node} {gib:.1f} GiB" for node, gib in progress.memory_gib.items())
+        if state.phase != self._phase and state.phase:
+            self._phase = state.phase
+            console.print(Text(f"  {progress.elapsed:6.1f} s  ", style="dim")
+                          + Text(f"{state.phase:<12}", style="bold") + Text(f"  memory in use: {memory}"))
+        bar = progress.bar or ((state.shards_loaded, state.shards_total) if state.shards_total else None)
+        if bar and bar[1]:
+            tenth = bar[0] * 10 // bar[1]
+            if tenth != self._tenth:
+                self._tenth = tenth
+                console.print(Text(f"  {progress.elapsed:6.1f} s  ", style="dim")
+                              + Text(f"weights      shards {bar[0]}/{bar[1]} ({100 * bar[0] // bar[1]} %)"))
+
+
+def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Progress
+    state = progress.state
+    gib = ", ".join(f"{g:g}" for g in state.weights_gib) or "?"
+    console.print(Text("ready", style="bold green") + Text(
+        f": {plan.served_model_name} serves at {plan.endpoint} after {progress.elapsed:.1f} s"))
+    console.print(f"  weights per rank: {gib} GiB; shards {state.shards_loaded}/{state.shards_total}"
+                  + (f"; load {state.load_seconds:.1f} s" if state.load_seconds else ""))
+    times = sorted(progress.phase_times.items(), key=lambda item: item[1])
+    console.print("  phases: " + ", ".join(f"{phase} at {at:.1f} s" for phase, at in times))
+    console.print(f"  try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
+                  f"-d '{{\"model\": \"{plan.served_model_name}\", \"messages\": "
+                  f"[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+
+
+def vllm_status(data: dict) -> None:
+    vllm = data.get("vllm")
+    if vllm is None:
+        return
+    if not vllm.get("started", True):
+        console.print(Text("vllm ", style="bold") + Text("not started (`up` launches it)", style="dim"))
+        return
+    style = "green" if vllm["healthy"] else "red"
+    console.print(Text("vllm ", style="bold") + Text(
+        f"{vllm['endpoint']}  /health {vllm['health'] or 'no answer'}  model {vllm['model'] or '-'}",
+        style=style))
+    metrics = vllm["metrics"]
+    if metrics:
+        console.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
+
+
+class Dashboard:
+    """`watch`: a live view on a terminal (rich Live), one line per refresh otherwise."""
+
+    def __init__(self, inventory) -> None:  # noqa: ANN001 - Inventory
+        from rich.live import Live
+
+        self.inventory = inventory
+        self._live = Live(console=console, refresh_per_second=4) if console.is_terminal else None
+        self._events: list[str] = []
+
+    def __enter__(self) -> "Dashboard":
+        if self._live:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live:
+            self._live.__exit__(None, None, None)
+
+    def log(self, line: str) -> None:
+        self._events = (self._events + [line])[-5:]
+        if self._live is None:
+            console.print(line)
+
+    def show(self, data: dict) -> None:
+        if self._live is None:
+            console.print(summary_line(data))
+            return
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table(title=f"{data['cluster']}  {time.strftime('%H:%M:%S')}", expand=False)
+        for column in ("node", "memory used / available", "GPU", "links", "ray"):
+            table.add_column(column)
+        alive = {n["ip"]: n["alive"] for n in data["ray"].get("nodes", [])}
+        for spec in self.inventory.nodes:
+            node = data["nodes"][spec.name]
+            if not node["reachable"]:
+                table.add_row(spec.name, Text(node["error"] or "unreachable", style="red"), "", "", "")
+                continue
+            ray = alive.get(str(spec.link_address))
+            table.add_row(spec.name, f"{node['memory_used_gib']} / {node['memory_available_gib']} GiB",
+                          f"{node['gpu_temperature_c']} C {node['gpu_power_w']} W", " ".join(node["links"]),
+                          Text("alive" if ray else "down", style="green" if ray else "red"))
+        parts = [table, Text(summary_line(data))]
+        parts += [Text(line, style="yellow") for line in self._events]
+        self._live.update(Group(*parts))
+
+
+def summary_line(data: dict) -> str:
+    nodes = data["nodes"].values()
+    reachable = sum(1 for n in nodes if n["reachable"])
+    alive = sum(1 for n in data["ray"].get("nodes", []) if n["alive"])
+    line = (f"{time.strftime('%H:%M:%S')} {'healthy' if data['healthy'] else 'NOT healthy'}: "
+            f"nodes {reachable}/{len(data['nodes'])} reachable, ray {alive} alive")
+    vllm = data.get("vllm")
+    if vllm is not None:
+        metrics = vllm["metrics"]
+        line += (f", vllm /health {vllm['health'] or '-'}, running {metrics.get('requests_running', 0):g}"
+                 f" waiting {metrics.get('requests_waiting', 0):g} kv {metrics.get('kv_cache_usage', 0):g}"
+                 f" generated {metrics.get('generation_tokens_total', 0):g} tokens")
+    return line

@@ -199,6 +199,7 @@ def healthy_raw(node: str, index: int) -> dict[str, Any]:
         "sudo": probe(),
         "secure_boot": probe("SecureBoot enabled\n"),
         "reboot_required": probe(rc=1, err="cat: /var/run/reboot-required: No such file or directory\n"),
+        "own_pids": probe(""),
         "disk": probe("        Avail     1B-blocks Mounted on\n3298534883328 3936818806784 /\n"),
         "model_files": probe(model_files()),
         "python": probe("3.12.3\nray 2.60.0\nvllm 0.11.0\ntorch 2.9.0\n"),
@@ -957,3 +958,12 @@ def test_check_modules_expose_their_functions() -> None:
     assert driver.check_driver in checks.NODE_CHECKS and cluster.check_versions in checks.CLUSTER_CHECKS
     assert len(checks.NODE_CHECKS) == 4 and len(checks.CLUSTER_CHECKS) == 4
 
+
+
+def test_our_own_vllm_is_not_a_competing_server() -> None:
+    raws = {n.name: healthy_raw(n.name, i) for i, n in enumerate(INVENTORY.nodes)}
+    serving = "  4242 2048000 python3         python3 -m vllm serve spark-lab/tiny-moe\n"
+    set_probe(raws["spark-a"], "processes", serving)
+    assert only(findings_of(raws), "memory.competing-process").node == "spark-a"
+    set_probe(raws["spark-a"], "own_pids", "4242\n")  # in this cluster's vLLM session
+    assert not [f for f in findings_of(raws) if f.id == "memory.competing-process"]

@@ -44,7 +44,7 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterat
         return
     node = facts.node
     state = f"MemAvailable {gib(memory.available)} of {gib(memory.total)}"
-    hogs = competing(facts.processes)
+    hogs = [p for p in competing(facts.processes) if p.pid not in facts.own_pids]
     if hogs:
         names = ", ".join(f"{p.name} (pid {p.pid})" for p in hogs)
         yield blocker(

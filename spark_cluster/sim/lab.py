@@ -201,13 +201,43 @@ def _boot_script(name: str, paths: NodePaths) -> str:
     )
 
 
+# The nodes' Python environment "has vLLM installed": the emulator, under vLLM's own module
+# name and with its own package metadata, so `python -m vllm.entrypoints.cli.main serve`
+# and a version probe see what they would on a Spark.
+VLLM_VERSION = "0.19.0"
+_VLLM_MAIN = """import sys
+
+from spark_cluster.sim.vllm_emulator import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _write_python(lab_root: Path) -> None:
+    site = lab_root / "site"
+    package = site / "vllm" / "entrypoints" / "cli"
+    package.mkdir(parents=True)
+    for folder in (site / "vllm", site / "vllm" / "entrypoints", package):
+        (folder / "__init__.py").write_text("")
+    (package / "main.py").write_text(_VLLM_MAIN)
+    meta = site / f"vllm-{VLLM_VERSION}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
+    python = lab_root / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(site))}${{PYTHONPATH:+:$PYTHONPATH}} "
+                      f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.chmod(0o755)
+
+
 def _write_image_bin(directory: Path) -> None:
     """What the container image holds on its PATH: python3 and ray of the lab's Python."""
     directory.mkdir()
     python = shlex.quote(str(directory.parent / "python"))
     for name, body in (("python3", f'exec {python} "$@"'),
                        ("python", f'exec {python} "$@"'),
-                       ("ray", f'exec {python} -m ray.scripts.scripts "$@"')):
+                       ("ray", f'exec {python} -m ray.scripts.scripts "$@"'),
+                       ("vllm", f'exec {python} -m vllm.entrypoints.cli.main "$@"')):
         (directory / name).write_text(f"#!/bin/sh\n{body}\n")
         (directory / name).chmod(0o755)
 
@@ -287,6 +317,8 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
         f"  python: {lab_root / 'python'}",
         "  ray_port: 6379",
         "  executor: ray",
+        # The emulator reads its shards at this pace, so the weight load can be watched.
+        "  env: {SPARK_LAB_LOAD_MBPS: '4'}",
         "  ssh:",
         "    host_key_policy: strict",
         f"    known_hosts: {lab_root / 'known_hosts'}",
@@ -345,7 +377,7 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         lab_root.mkdir(parents=True, exist_ok=False)
         _keygen(lab_root / "id_ed25519", "spark-cluster-lab")
         shutil.copy(lab_root / "id_ed25519.pub", lab_root / "authorized_keys")
-        (lab_root / "python").symlink_to(sys.executable)
+        _write_python(lab_root)
         _write_image_bin(lab_root / "image-bin")
         write_checkpoint(lab_root / "checkpoint" / "hub")
         netns.create_mgmt_bridge()

@@ -1,0 +1,106 @@
+"""`vllm serve` argument parsing for the lab's vLLM TEST DOUBLE (emulating vLLM 0.19.0).
+
+Flag names, short forms, choices and defaults follow vLLM 0.19's `vllm/engine/arg_utils.py`
+(/work/shared/facts/vllm-ray.md §6). Unknown flags are rejected the way argparse does for vLLM:
+`vllm: error: unrecognized arguments: --x`, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+VERSION = "0.19.0"
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+LOAD_FORMATS = ("auto", "hf", "bitsandbytes", "dummy", "fastsafetensors", "gguf", "instanttensor", "mistral",
+                "npcache", "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state",
+                "tensorizer")
+BACKENDS = ("ray", "mp", "uni", "external_launcher")
+DTYPES = ("auto", "bfloat16", "float", "float16", "float32", "half")
+
+# (dest, default) pairs whose non-default values appear in the `non-default args:` dump.
+DESCRIPTION = (
+    "TEST DOUBLE of vLLM 0.19.0 for spark-cluster's lab: it parses `vllm serve` arguments, builds a Ray "
+    "placement group as vLLM's Ray executor does, reads a small real safetensors checkpoint, prints vLLM's "
+    "log lines and serves an OpenAI-compatible API with a model of the engine. It is not vLLM and runs no model."
+)
+
+
+def _int_or_auto(value: str) -> int:
+    """vLLM's human_readable_int_or_auto for --max-model-len: 32k, 1K, auto/-1."""
+    v = value.strip()
+    if v.lower() in ("auto", "-1"):
+        return -1
+    units = {"k": 1000, "m": 1000**2, "g": 1000**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+    if v and v[-1] in units:
+        return int(float(v[:-1]) * units[v[-1]])
+    return int(v)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="subcommand", required=True)
+    serve = sub.add_parser("serve", prog="vllm serve", description=DESCRIPTION,
+                           help="Start the (emulated) vLLM OpenAI-compatible API server.")
+    serve.add_argument("model_tag", nargs="?", default=None, help="The model tag to serve (or --model).")
+    serve.add_argument("--model", default=None)
+    a = serve.add_argument
+    a("--host", default=None)
+    a("--port", type=int, default=8000)
+    a("--served-model-name", nargs="+", default=None)
+    a("--api-key", default=None)
+    a("--tensor-parallel-size", "-tp", type=int, default=1)
+    a("--pipeline-parallel-size", "-pp", type=int, default=1)
+    a("--data-parallel-size", "-dp", type=int, default=1)
+    a("--enable-expert-parallel", "-ep", action="store_true", default=False)
+    a("--distributed-executor-backend", choices=BACKENDS, default=None)
+    a("--quantization", "-q", default=None)
+    a("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    a("--gpu-memory-utilization", type=float, default=0.9)
+    a("--kv-cache-memory-bytes", default=None)
+    a("--max-model-len", type=_int_or_auto, default=None)
+    a("--max-num-seqs", type=int, default=None)
+    a("--max-num-batched-tokens", type=int, default=None)
+    a("--attention-backend", default=None)
+    a("--nnodes", "-n", type=int, default=1)
+    a("--node-rank", "-r", type=int, default=0)
+    a("--master-addr", default="127.0.0.1")
+    a("--master-port", type=int, default=29501)
+    a("--headless", action="store_true", default=False)
+    a("--trust-remote-code", action="store_true", default=False)
+    a("--enforce-eager", action="store_true", default=False)
+    a("--load-format", choices=LOAD_FORMATS, default="auto")
+    a("--safetensors-load-strategy", choices=("lazy", "eager", "prefetch", "torchao"), default=None)
+    a("--download-dir", default=None)
+    a("--dtype", choices=DTYPES, default="auto")
+    a("--seed", type=int, default=0)
+    a("--revision", default=None)
+    a("--tokenizer", default=None)
+    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Parse `serve MODEL ARGS`; argparse's own error/exit 2 on unknown flags or bad choices."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model_tag and args.model and args.model_tag != args.model:
+        parser.error("model should only be specified once, as a positional argument or via --model")
+    args.model = args.model_tag or args.model or "Qwen/Qwen3-0.6B"
+    return args
+
+
+def non_default_args(args: argparse.Namespace) -> dict[str, object]:
+    """The `non-default args:` dict vLLM logs: every field that differs from its default."""
+    parser = build_parser()
+    defaults = vars(parser._subparsers._group_actions[0].choices["serve"].parse_args([]))
+    out: dict[str, object] = {}
+    for key, value in vars(args).items():
+        if key in ("subcommand", "model"):
+            continue
+        if key == "model_tag":
+            if value is not None:
+                out["model_tag"] = value
+            continue
+        if defaults.get(key) != value:
+            out[key] = value
+    return out
