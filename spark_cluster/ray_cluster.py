@@ -29,6 +29,7 @@ from .ray_plan import (
 )
 from .remote import Fleet, Node
 from .serve_plan import API_PORT
+from .session import stop_session_command
 
 JOIN_DEADLINE_S = 120.0
 STOP_DEADLINE_S = 20.0
@@ -122,16 +123,7 @@ def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
 
 def _stop_host(inventory: Inventory) -> str:
     """Kill the session Ray was started in (and only it); exit 0 when none of it is left."""
-    d = _dir(inventory)
-    waits = int(STOP_DEADLINE_S / 0.2)
-    return (
-        f"d={d}; [ -f \"$d/ray.pid\" ] || exit 0; sid=$(cat \"$d/ray.pid\"); "
-        "pkill -TERM -s \"$sid\" 2>/dev/null; "
-        f"for i in $(seq {waits}); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
-        "pkill -KILL -s \"$sid\" 2>/dev/null; sleep 0.2; "
-        "if pgrep -s \"$sid\" >/dev/null; then echo \"left: $(pgrep -s \"$sid\" | tr '\\n' ' ')\"; exit 1; fi; "
-        "rm -f \"$d/ray.pid\" \"$d/ray.json\""
-    )
+    return stop_session_command(_dir(inventory), "ray.pid", STOP_DEADLINE_S, also_remove=("ray.json",))
 
 
 def _stop_container(inventory: Inventory) -> str:

@@ -20,6 +20,7 @@ from .facts_probe import remote_path
 from .progress import State, Tracker, parse_line
 from .remote import Fleet, Node
 from .serve_plan import NodeCommand, ServePlan
+from .session import stop_session_command
 
 POLL_S = 1.0
 MEMORY_EVERY_S = 3.0
@@ -51,13 +52,7 @@ def start_command(command: NodeCommand) -> str:
 
 
 def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
-    d = _dir(command)
-    waits = int(grace_s / 0.2)
-    return (f"d={d}; [ -f \"$d/vllm.pid\" ] || exit 0; sid=$(cat \"$d/vllm.pid\"); "
-            "pkill -TERM -s \"$sid\" 2>/dev/null; "
-            f"for i in $(seq {waits}); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
-            "pkill -KILL -s \"$sid\" 2>/dev/null; sleep 0.2; "
-            "if pgrep -s \"$sid\" >/dev/null; then echo left; exit 1; fi; rm -f \"$d/vllm.pid\"")
+    return stop_session_command(_dir(command), "vllm.pid", grace_s)
 
 
 def running(node: Node, command: NodeCommand) -> bool:

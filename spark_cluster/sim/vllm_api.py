@@ -41,7 +41,6 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator, Literal
 
