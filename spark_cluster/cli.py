@@ -9,7 +9,9 @@ import getpass
 import json
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -199,28 +201,36 @@ def _serve(fleet, plan, inventory: str, timeout_s: float, events) -> None:  # no
     from . import serve
 
     ui.stage(3, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
+    from .load_view import LoadView
+
     if serve.running(fleet.node(plan.head.node), plan.head):
-        problem = serve.readiness(plan)
-        if problem is None:
+        if serve.readiness(plan) is None:
             ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
             events.emit("ready", reused=True, endpoint=plan.endpoint, model=plan.served_model_name)
             return
-        raise SparkClusterError(
-            f"vLLM of this cluster runs on {plan.head.node} but does not serve yet ({problem})\n"
-            f"  hint: spark-cluster logs -f {inventory}; or `spark-cluster down {inventory}` and `up` again")
-    serve.start(fleet, plan)
-    view = ui.LoadView(events)
+        # Started earlier (an `up` left with Ctrl-C): follow that start from its first line.
+        ui.console.print(f"  vLLM of this cluster is still starting on {plan.head.node}: following it")
+    else:
+        serve.start(fleet, plan)
     inv = load_inventory(inventory)
     by_ip = {str(spec.link_address): spec.name for spec in inv.nodes}
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
-        progress = serve.follow(fleet, plan, view.update, timeout_s=timeout_s, nodes_by_ip=by_ip)
+        with LoadView(ui.console, [spec.name for spec in inv.nodes], events) as view:
+            progress = serve.follow(fleet, plan, view.update, timeout_s=timeout_s, nodes_by_ip=by_ip,
+                                    stop=interrupted)
     except KeyboardInterrupt:
         raise SparkClusterError(
             f"stopped following; vLLM keeps running on {plan.head.node}\n"
-            f"  hint: spark-cluster logs -f {inventory}   (or `status` / `down`)") from None
+            f"  hint: `spark-cluster up {inventory}` follows it again; `logs -f` shows its log, "
+            "`down` stops it") from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
     ui.ready_summary(plan, progress)
     events.emit("ready", reused=False, endpoint=plan.endpoint, model=plan.served_model_name,
                 seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
+                loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
                 phases={k: round(v, 3) for k, v in progress.phase_times.items()})
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .serve import http
+from .serve import api_key, http, unauthorized_hint
 from .serve_plan import ServePlan
 
 # vLLM's metric names (vllm-ray.md §5) -> the key status reports them under.
@@ -32,7 +32,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 def vllm_health(plan: ServePlan) -> dict[str, object]:
     base = plan.endpoint.removesuffix("/v1")
     code, _ = http(f"{base}/health")
-    models_code, models = http(f"{plan.endpoint}/models")
+    models_code, models = http(f"{plan.endpoint}/models", key=api_key(plan))
     metrics_code, metrics = http(f"{base}/metrics")
     serves = models_code == 200 and f'"{plan.served_model_name}"' in models
     return {
@@ -40,6 +40,7 @@ def vllm_health(plan: ServePlan) -> dict[str, object]:
         "health": code or None,
         "model": plan.served_model_name if serves else None,
         "healthy": code == 200 and serves,
+        "error": f"/v1/models answered 401: {unauthorized_hint(plan)}" if models_code == 401 else None,
         "metrics": parse_metrics(metrics) if metrics_code == 200 else {},
     }
 

@@ -133,6 +133,9 @@ class ModelSpec:
     name: str | None
     args: tuple[str, ...] = ()
     hf_cache: str = "~/.cache/huggingface"
+    # The NAME of a variable in the environment of whoever runs spark-cluster that holds the
+    # API key; the key itself never appears in an inventory.
+    api_key_env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -553,6 +556,7 @@ def _parse_model(c: Checker, value: object, path: YamlPath) -> ModelSpec | None:
         "name": (lambda v, p: c.text(v, p, _HF_NAME), None),
         "args": (lambda v, p: _parse_args(c, v, p), ()),
         "hf_cache": (lambda v, p: c.text(v, p, _REMOTE_PATH), "~/.cache/huggingface"),
+        "api_key_env": (lambda v, p: _env_name(c, v, p), None),
     }
     f = c.fill(value, path, fields)
     given = [key for key in ("recipe", "name") if _given(value, key) is not None]
@@ -561,6 +565,17 @@ def _parse_model(c: Checker, value: object, path: YamlPath) -> ModelSpec | None:
         c.report(path, f"model {says}", "recipe: a spark-cluster recipe, or name: a Hugging Face repo id; not both")
         return None
     return None if f is None else ModelSpec(**f)
+
+
+def _env_name(c: Checker, value: object, path: YamlPath) -> str | None:
+    """The name of the variable that holds the API key. What was written is never echoed:
+    a wrong value here is most often the key itself."""
+    if isinstance(value, str) and _ENV_KEY.allows(value):
+        return value
+    c.report(path, "model.api_key_env must be the NAME of an environment variable (like SPARK_API_KEY), "
+                   "not the key", "export SPARK_API_KEY=<the key> where you run spark-cluster, and write "
+                   "api_key_env: SPARK_API_KEY")
+    return None
 
 
 def _parse_args(c: Checker, value: object, path: YamlPath) -> tuple[str, ...] | None:

@@ -60,8 +60,27 @@ def node_env(inventory: Inventory, spec: NodeSpec) -> dict[str, str]:
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_ADDRESS": f"{inventory.head.link_address}:{inventory.cluster.ray_port}",
     }
+    env.update(_recipe_worker_env(inventory))
     env.update(inventory.cluster.env)
     return env
+
+
+# What vLLM 0.19's Ray executor copies from the driver to its workers by itself.
+VLLM_COPIED_PREFIXES = ("VLLM_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_")
+
+
+def worker_only_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The recipe variables vLLM does not carry to its Ray workers: Ray's own start must."""
+    return {k: v for k, v in env.items() if not k.startswith(VLLM_COPIED_PREFIXES)}
+
+
+def _recipe_worker_env(inventory: Inventory) -> dict[str, str]:
+    model = inventory.model
+    if inventory.cluster.executor != "ray" or model is None or not model.recipe:
+        return {}
+    from .recipes import load_recipe  # the recipe files are read only when a recipe is named
+
+    return worker_only_env(load_recipe(model.recipe).env)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ unknown or changed host key, needs a sudo password, or the command ran past its 
 
 from __future__ import annotations
 
+import io
 import shlex
 import subprocess
 import threading
@@ -103,6 +104,7 @@ class Node(Protocol):
         sudo: bool = False,
         timeout: float | None = 60.0,
         env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
     ) -> Result: ...
 
     def close(self) -> None: ...
@@ -121,18 +123,22 @@ class _Runner:
         sudo: bool = False,
         timeout: float | None = 60.0,
         env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
     ) -> Result:
+        """``stdin``: text for the command's standard input; how a secret reaches a node
+        without appearing on any command line."""
         full = with_env(command, env)
         started = time.monotonic()
         try:
-            stdout, stderr, code = self._execute(full, sudo, timeout)
+            stdout, stderr, code = self._execute(full, sudo, timeout, stdin)
         except TimeoutError:
             raise CommandTimeout(
                 f"{self.name}: `{command}` ran past its {timeout:g} s timeout"
             ) from None
         return Result(self.name, command, stdout, stderr, code, time.monotonic() - started)
 
-    def _execute(self, line: str, sudo: bool, timeout: float | None) -> tuple[str, str, int]:
+    def _execute(self, line: str, sudo: bool, timeout: float | None,
+                 stdin: str | None = None) -> tuple[str, str, int]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -183,11 +189,13 @@ class SSHNode(_Runner):
                 )
             return self._connection
 
-    def _execute(self, line: str, sudo: bool, timeout: float | None) -> tuple[str, str, int]:
+    def _execute(self, line: str, sudo: bool, timeout: float | None,
+                 stdin: str | None = None) -> tuple[str, str, int]:
         from invoke.exceptions import CommandTimedOut
 
         connection = self.connect()
-        options = {"hide": True, "warn": True, "timeout": timeout, "in_stream": False}
+        options = {"hide": True, "warn": True, "timeout": timeout,
+                   "in_stream": io.StringIO(stdin) if stdin is not None else False}
         try:
             if sudo and self._sudo_password is not None:
                 connection.config.sudo.password = self._sudo_password
@@ -213,14 +221,15 @@ class LocalNode(_Runner):
     def __init__(self, name: str = "local") -> None:
         self.name = name
 
-    def _execute(self, line: str, sudo: bool, timeout: float | None) -> tuple[str, str, int]:
+    def _execute(self, line: str, sudo: bool, timeout: float | None,
+                 stdin: str | None = None) -> tuple[str, str, int]:
         try:
             done = subprocess.run(
                 ["sh", "-c", as_sudo(line) if sudo else line],
                 capture_output=True,
                 text=True,
                 timeout=timeout,
-                stdin=subprocess.DEVNULL,
+                **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
             )
         except subprocess.TimeoutExpired:
             raise TimeoutError from None

@@ -9,6 +9,9 @@ whether the process still lives; readiness is asked of the server itself over HT
 from __future__ import annotations
 
 import json
+import os
+import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,13 +20,15 @@ from dataclasses import dataclass, field
 
 from .errors import SparkClusterError
 from .facts_probe import remote_path
-from .progress import State, Tracker, parse_line
+from .progress import PHASES, Event, State, Tracker, parse_line
 from .remote import Fleet, Node
 from .serve_plan import NodeCommand, ServePlan
 from .session import stop_session_command
 
+_IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)\)")  # Ray's prefix of a remote actor's line
+
 POLL_S = 1.0
-MEMORY_EVERY_S = 3.0
+MEMORY_EVERY_S = 2.0
 HTTP_TIMEOUT_S = 10.0
 
 
@@ -40,15 +45,41 @@ def _log(command: NodeCommand) -> str:
 
 
 def start_command(command: NodeCommand) -> str:
-    """The shell line that starts one command detached, output appended to its log."""
+    """The shell line that starts one command detached, output appended to its log.
+
+    Secrets (the API key) are read from stdin, one line each, and exported: the vLLM
+    process inherits them without their values on any command line.
+    """
     d, log = _dir(command), _log(command)
-    line = command.shell(redact=False)
+    line = command.shell(redact=False, exported=True)
+    secrets = "".join(f"IFS= read -r {name} && export {name} && " for name in command.secrets)
     if command.container is None:
         run = f"setsid nohup env {line}"
-    else:  # `docker exec -d` keeps it in the container; the log stays on the node's disk
+    else:  # the client stays on the node, so the log stays on the node's disk
         run = f"setsid nohup {line}"
-    return (f"mkdir -p {d} && : > {log} && cd {d} && "
+    return (f"{secrets}mkdir -p {d} && : > {log} && cd {d} && "
             f"{{ {run} >> {log} 2>&1 < /dev/null & echo $! > {d}/vllm.pid; }} && echo started")
+
+
+def secret_values(command: NodeCommand) -> str | None:
+    """The stdin that `start_command` reads: each secret's value from this machine's environment."""
+    if not command.secrets:
+        return None
+    lines = []
+    for local in command.secrets.values():
+        value = os.environ.get(local)
+        if not value:
+            raise ServeError(f"model.api_key_env names {local}, which is not set here; nothing was started\n"
+                             f"  hint: export {local}=<the key> in this shell and run again")
+        if "\n" in value or "\r" in value:
+            raise ServeError(f"the value of {local} holds a line break; an API key is one line")
+        lines.append(value + "\n")
+    return "".join(lines)
+
+
+def api_key(plan: ServePlan) -> str | None:
+    """The API key the server expects (from this machine's environment), if it wants one."""
+    return next((os.environ.get(name) or None for name in plan.secret_env), None)
 
 
 def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
@@ -63,12 +94,13 @@ def running(node: Node, command: NodeCommand) -> bool:
 
 def start(fleet: Fleet, plan: ServePlan) -> None:
     """Start every command in launch order (mp workers first, the head last)."""
+    stdin = {c.node: secret_values(c) for c in plan.commands}  # a missing key stops it before anything runs
     for command in plan.commands:
         node = fleet.node(command.node)
         if running(node, command):
             raise ServeError(f"{command.node}: vLLM of this cluster already runs there\n"
                              "  hint: `spark-cluster down` first, or `status` to see it")
-        result = node.run(start_command(command), timeout=60)
+        result = node.run(start_command(command), timeout=60, stdin=stdin[command.node])
         if not result.ok:
             raise ServeError(f"{command.node}: vLLM did not start: "
                              f"{result.tail('stderr', 5) or result.tail('stdout', 5)}")
@@ -92,15 +124,67 @@ class Progress:
     state: State
     bar: tuple[int, int] | None = None  # shards n/N of the bar being drawn, if any
     memory_gib: dict[str, float] = field(default_factory=dict)  # node -> GiB in use
+    memory_start_gib: dict[str, float] = field(default_factory=dict)  # node -> GiB in use at the first sample
+    loaded_gib: dict[str, float] = field(default_factory=dict)  # node -> weights its ranks said they hold
     elapsed: float = 0.0
     phase_times: dict[str, float] = field(default_factory=dict)  # phase -> seconds since start
+    # (elapsed, n) when the shard bar first showed: the rate is counted from there. Shards seen
+    # in the same poll (a log replayed from its start) all belong to that origin.
+    shards_origin: tuple[float, int] | None = None
     ready: bool = False
     note: str = ""
+    expected_gib: float | None = None  # weights per node, when the recipe knows them
+
+    @property
+    def shards(self) -> tuple[int, int] | None:
+        """Shards n/N: the bar being drawn, else the last one the log finished."""
+        if self.bar:
+            return self.bar
+        state = self.state
+        return (state.shards_loaded or 0, state.shards_total) if state.shards_total else None
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left of the weight load, at the rate the shards have come so far."""
+        shards = self.shards
+        if shards is None or self.shards_origin is None or not shards[0] < shards[1]:
+            return None
+        since, first = self.shards_origin
+        if shards[0] <= first:
+            return None
+        return (self.elapsed - since) * (shards[1] - shards[0]) / (shards[0] - first)
+
+    def saw_shards(self, n: int) -> None:
+        if self.shards_origin is None or self.shards_origin[0] == self.elapsed:
+            self.shards_origin = (self.elapsed, n)
+
+    def durations(self) -> list[tuple[str, float]]:
+        """How long each phase that began took: until the next one began (ready: none)."""
+        began = sorted(self.phase_times.items(), key=lambda item: (item[1], PHASES.index(item[0])))
+        ends = [at for _, at in began[1:]] + [self.elapsed]
+        return [(phase, end - at) for (phase, at), end in zip(began, ends) if phase != "ready"]
+
+    def resident_gib(self) -> dict[str, float]:
+        """Per node: memory in use now minus at the start of the load (unified memory: the weights)."""
+        return {n: round(max(0.0, gib - self.memory_start_gib.get(n, gib)), 2)
+                for n, gib in self.memory_gib.items()}
+
+    def as_event(self) -> dict[str, object]:
+        shards = self.shards
+        eta = self.eta_s
+        return {"phase": self.state.phase, "elapsed": round(self.elapsed, 3),
+                "shards_loaded": shards[0] if shards else None, "shards_total": shards[1] if shards else None,
+                "eta_s": round(eta, 1) if eta is not None else None,
+                "memory_gib": {k: round(v, 2) for k, v in self.memory_gib.items()},
+                "resident_gib": self.resident_gib(), "loaded_gib": dict(self.loaded_gib)}
 
 
-def http(url: str, body: dict | None = None) -> tuple[int, str]:
+def http(url: str, body: dict | None = None, key: str | None = None) -> tuple[int, str]:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
             return response.status, response.read().decode(errors="replace")
@@ -113,18 +197,37 @@ def http(url: str, body: dict | None = None) -> tuple[int, str]:
 def readiness(plan: ServePlan) -> str | None:
     """None when /health is 200, /v1/models lists the model and one chat completion returns."""
     base = plan.endpoint.removesuffix("/v1")
+    key = api_key(plan)
     code, text = http(f"{base}/health")
     if code != 200:
         return f"/health answered {code or 'nothing'}"
-    code, text = http(f"{plan.endpoint}/models")
+    code, text = http(f"{plan.endpoint}/models", key=key)
+    if code == 401:
+        return f"/v1/models wants the API key: {unauthorized_hint(plan)}"
     if code != 200 or plan.served_model_name not in text:
         return f"/v1/models does not list {plan.served_model_name} ({code})"
     code, text = http(f"{plan.endpoint}/chat/completions", {
         "model": plan.served_model_name, "max_tokens": 8,
-        "messages": [{"role": "user", "content": "Say hello."}]})
+        "messages": [{"role": "user", "content": "Say hello."}]}, key=key)
     if code != 200 or '"choices"' not in text:
         return f"a chat completion failed ({code}): {text[:200]}"
     return None
+
+
+def unauthorized_hint(plan: ServePlan) -> str:
+    if not plan.secret_env:
+        return "the server was started with a key; name its variable in model.api_key_env"
+    name = plan.secret_env[0]
+    if os.environ.get(name):
+        return f"${name} here is not the key the server was started with"
+    return f"export {name}=<the key> here"
+
+
+def _sample_memory(fleet: Fleet, progress: Progress) -> None:
+    for name, value in fleet.map(_memory).items():
+        if isinstance(value, float):
+            progress.memory_gib[name] = value
+            progress.memory_start_gib.setdefault(name, value)
 
 
 def _memory(node: Node) -> float | None:
@@ -135,12 +238,17 @@ def _memory(node: Node) -> float | None:
 
 def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None],
            timeout_s: float = 3600.0, silence_s: float = 1800.0,
-           nodes_by_ip: dict[str, str] | None = None) -> Progress:
-    """Poll until ready, failed or timed out; raises ServeError with the diagnosis on failure."""
+           nodes_by_ip: dict[str, str] | None = None, stop: threading.Event | None = None) -> Progress:
+    """Poll until ready, failed or timed out; raises ServeError with the diagnosis on failure.
+
+    ``stop`` set (the caller's Ctrl-C) ends the follow with KeyboardInterrupt at the next poll:
+    a Ctrl-C that lands inside an SSH call is otherwise forwarded to the remote command and lost.
+    """
+    stop = stop or threading.Event()
     head = fleet.node(plan.head.node)
     log = _log(plan.head)
     tracker = Tracker()
-    progress = Progress(tracker.state)
+    progress = Progress(tracker.state, expected_gib=plan.weights_gib_per_node)
     lines_done = 0
     text: list[str] = []
     started = last_growth = time.monotonic()
@@ -153,20 +261,19 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
         if complete:
             text.append(complete)
             for event in tracker.feed(complete + "\n"):
-                if event.phase:
-                    progress.phase_times.setdefault(event.phase, progress.elapsed)
+                _note(progress, event, plan.head.node, nodes_by_ip)
             lines_done += complete.count("\n") + 1
             last_growth = now
         if partial:
             last_growth = now if partial != progress.note else last_growth
         event = parse_line(partial.split("\r")[-1]) if partial.strip() else None
         progress.bar = (event.n, event.total) if event and event.kind == "progress" and event.total else None
+        if progress.bar:
+            progress.saw_shards(progress.bar[0])
         state = tracker.state
         if now - last_memory >= MEMORY_EVERY_S:
             last_memory = now
-            for name, value in fleet.map(_memory).items():
-                if isinstance(value, float):
-                    progress.memory_gib[name] = value
+            _sample_memory(fleet, progress)
         if state.outcome == "failed":
             on_progress(progress)
             # A failure cascades over many lines and ranks: read to the end of the burst.
@@ -177,6 +284,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
         if state.phase in ("api-server", "ready"):
             problem = readiness(plan)
             if problem is None:
+                _sample_memory(fleet, progress)  # what the server holds now that it serves
                 progress.ready = True
                 progress.phase_times.setdefault("ready", progress.elapsed)
                 on_progress(progress)
@@ -202,7 +310,28 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             raise ServeError(f"vLLM was not ready after {timeout_s:.0f} s (phase {state.phase}); "
                              "it still runs: follow it with `spark-cluster logs -f`")
         on_progress(progress)
-        time.sleep(POLL_S)
+        if stop.wait(POLL_S):
+            raise KeyboardInterrupt
+
+
+def _note(progress: Progress, event: Event, head: str, nodes_by_ip: dict[str, str] | None) -> None:
+    """What one new log event adds: when its phase began, the shard clock, a node's loaded GiB."""
+    if event.phase and event.phase not in progress.phase_times:
+        # Ray forwards a remote rank's lines late: a phase first seen after a later one began
+        # began no later than that one.
+        later = [at for phase, at in progress.phase_times.items() if PHASES.index(phase) > PHASES.index(event.phase)]
+        progress.phase_times[event.phase] = min([progress.elapsed, *later])
+    if event.kind == "progress" and event.n is not None:
+        progress.saw_shards(event.n)
+    if event.kind == "loaded" and event.gib is not None:
+        node = node_of(event.line, nodes_by_ip) or head  # Ray names the ip of remote actors only
+        progress.loaded_gib[node] = round(progress.loaded_gib.get(node, 0.0) + event.gib, 2)
+
+
+def node_of(line: str, nodes_by_ip: dict[str, str] | None) -> str | None:
+    """The node a Ray-forwarded line came from: `(RayWorkerWrapper pid=…, ip=X)`."""
+    match = _IP.search(line)
+    return (nodes_by_ip or {}).get(match[1], match[1]) if match else None
 
 
 def _settle(head: Node, log: str, lines_done: int, deadline_s: float = 5.0) -> str:
@@ -221,9 +350,9 @@ def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None) -> str | N
     """The node of the first error line a Ray worker printed (`(RayWorkerWrapper pid=…, ip=…)`)."""
     for line in "\n".join(text).splitlines():
         if "ERROR" in line or "Error" in line:
-            for ip, name in (nodes_by_ip or {}).items():
-                if f"ip={ip}" in line:
-                    return name
+            node = node_of(line, nodes_by_ip)
+            if node:
+                return node
     return None
 
 

@@ -8,9 +8,10 @@ environment of each node:
 - executor ``mp``: vLLM's own multi-node mode, one command per node, workers first
   (``ray_plan.plan_mp``).
 
-Secrets never enter the plan. An API key is named by the environment variable that holds
-it (``api_key_env``); the command refers to it as ``"$VAR"``, and the launcher must put that
-variable into the head's shell environment, never onto a command line it prints.
+Secrets never enter the plan. An API key is named by the variable of the user's own
+environment that holds it (``model.api_key_env``); vLLM reads it from ``VLLM_API_KEY``, which
+the plan shows as ``VLLM_API_KEY="$VAR"``. The launcher sends the value over SSH's stdin into
+the head's shell (``NodeCommand.secrets``), so it is on no command line and in no file.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from types import MappingProxyType
 from .errors import UsageError
 from .facts_probe import remote_path
 from .inventory import Inventory, NodeSpec
-from .ray_plan import container_name, node_env, plan_mp, state_dir
+from .ray_plan import container_name, node_env, plan_mp, state_dir, worker_only_env
 from .recipes import Recipe, load_recipe
 
 __all__ = ["API_PORT", "NodeCommand", "ServePlan", "ServePlanError", "merge_args", "parse_argv", "serve_plan"]
 
 API_PORT = 8000
+API_KEY_VAR = "VLLM_API_KEY"  # vLLM's own: its API server takes the key from here as from --api-key
 CONTAINER_HF_HOME = "/root/.cache/huggingface"  # where ray_plan.docker_run mounts the node's HF cache
 VLLM_MODULE = "vllm.entrypoints.cli.main"  # the `vllm` console script, for `python -m` on hosts
 REDACTED = "<redacted>"
@@ -70,14 +72,22 @@ class NodeCommand:
     argv: tuple[str, ...]
     log_path: str
     container: str | None = None  # container runtime: the running container to exec in
+    # Variables the process gets from the user's environment: {name on the node: local name}.
+    secrets: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
-    def shell(self, redact: bool = True) -> str:
-        """The command as a user would type it on the node: ``KEY=value ... vllm serve ...``."""
+    def shell(self, redact: bool = True, exported: bool = False) -> str:
+        """The command as a user would type it on the node: ``KEY=value ... vllm serve ...``.
+
+        ``exported``: the secrets are already exported in the shell that runs the line (how
+        the launcher runs it), so the line only passes them on, by name.
+        """
         env = " ".join(f"{k}={_shell_value(k, v, redact)}" for k, v in self.env.items())
         words = " ".join(_shell_word(w) for w in self.argv)
+        given = "" if exported else "".join(f'{k}="${v}" ' for k, v in self.secrets.items())
         if self.container is not None:
-            return f"docker exec {shlex.quote(self.container)} env {env} {words}"
-        return f"{env} {words}"
+            passed = "".join(f"-e {k} " for k in self.secrets)  # docker copies the value, not argv
+            return f"{given}docker exec {passed}{shlex.quote(self.container)} env {env} {words}"
+        return f"{given}{env} {words}"
 
 
 @dataclass(frozen=True)
@@ -93,7 +103,7 @@ class ServePlan:
     endpoint: str  # http://<head management address>:<port>/v1
     log_path: str  # the head's vLLM log
     # Variables the launcher must carry from its own environment into the head's shell
-    # (the API key); the commands refer to them as "$VAR" and never hold their values.
+    # (the API key); the plan holds their names, never their values.
     secret_env: tuple[str, ...] = ()
     # Ray executor: recipe variables that Ray does not copy to the workers' processes by
     # itself (vLLM 0.19 copies only VLLM_/NCCL_/UCX_/HF_ ones): they belong in every node's
@@ -134,7 +144,7 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePla
     for flag, _ in overrides:
         if flag in _SECRET_FLAGS:
             raise ServePlanError(f"{inventory.path}: model.args sets {flag}: secrets never go in the inventory; "
-                                 "put the key in an environment variable and name it (--api-key-env)")
+                                 "put the key in an environment variable and name it in model.api_key_env")
         if flag in _MANAGED:
             raise ServePlanError(f"{inventory.path}: model.args sets {flag}, which spark-cluster sets from the "
                                  "inventory; remove it")
@@ -166,10 +176,10 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePla
     else:
         args = [(f, v) for f, v in args if f != "--distributed-executor-backend"]  # plan_mp adds mp
     secret_env: tuple[str, ...] = ()
+    api_key_env = api_key_env or spec.api_key_env
     if api_key_env is not None:
         if not _ENV_NAME.fullmatch(api_key_env):
-            raise ServePlanError(f"--api-key-env must name an environment variable, got {api_key_env[:40]!r}")
-        args.append(("--api-key", [f"${api_key_env}"]))
+            raise ServePlanError("model.api_key_env must name an environment variable, like SPARK_API_KEY")
         secret_env = (api_key_env,)
     serve_args = [model, *(w for f, v in args for w in (f, *v))]
 
@@ -182,16 +192,17 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePla
         env = {**node_env(inventory, inventory.head), **extra, "RAY_COLOR_PREFIX": "0", "RAY_DEDUP_LOGS": "0"}
         env.update(cluster.env)  # the inventory has the last word
         commands: tuple[NodeCommand, ...] = (
-            _command(inventory.head, env, (*launcher, "serve", *serve_args), log_path, container),
+            _command(inventory.head, env, (*launcher, "serve", *serve_args), log_path, container,
+                     {API_KEY_VAR: api_key_env} if api_key_env else {}),
         )
     else:
         commands = tuple(
             _command(inventory.node(p.node), {**p.env, **extra, **cluster.env},
-                     (*launcher, "serve", *p.args), log_path, container)
+                     (*launcher, "serve", *p.args), log_path, container,
+                     {API_KEY_VAR: api_key_env} if api_key_env and p.node == inventory.head.name else {})
             for p in plan_mp(inventory, serve_args)
         )
-    ray_node_env = {k: v for k, v in (recipe.env if recipe else {}).items()
-                    if executor == "ray" and not k.startswith(("VLLM_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_"))}
+    ray_node_env = worker_only_env(recipe.env) if recipe and executor == "ray" else {}
     return ServePlan(
         cluster=cluster.name, executor=executor, runtime=cluster.runtime,
         recipe=recipe.name if recipe else None, model=model, served_model_name=served,
@@ -286,8 +297,9 @@ def _serve_env(inventory: Inventory, recipe: Recipe | None) -> dict[str, str]:
 
 
 def _command(spec: NodeSpec, env: Mapping[str, str], argv: tuple[str, ...], log_path: str,
-             container: str | None) -> NodeCommand:
-    return NodeCommand(spec.name, spec.is_head, spec.address, MappingProxyType(dict(env)), argv, log_path, container)
+             container: str | None, secrets: Mapping[str, str]) -> NodeCommand:
+    return NodeCommand(spec.name, spec.is_head, spec.address, MappingProxyType(dict(env)), argv, log_path,
+                       container, MappingProxyType(dict(secrets)))
 
 
 def _weights(recipe: Recipe | None, world: int) -> float | None:

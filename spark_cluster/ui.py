@@ -255,39 +255,6 @@ class JsonLines:
                              highlight=False)
 
 
-class LoadView:
-    """vLLM's start, one line per step: each phase as it begins, shards per tenth, memory."""
-
-    def __init__(self, events: JsonLines | None = None) -> None:
-        self._phase: str | None = None
-        self._tenth = -1
-        self._events = events
-        self._last: tuple | None = None
-
-    def update(self, progress) -> None:  # noqa: ANN001 - serve.Progress
-        state = progress.state
-        if self._events is not None:
-            key = (state.phase, progress.bar, state.shards_loaded)
-            if key != self._last:
-                self._last = key
-                bar = progress.bar or (state.shards_loaded, state.shards_total)
-                self._events.emit("progress", phase=state.phase, elapsed=round(progress.elapsed, 3),
-                                  shards_loaded=bar[0], shards_total=bar[1],
-                                  memory_gib={k: round(v, 2) for k, v in progress.memory_gib.items()})
-        memory = "  ".join(f"{node} {gib:.1f} GiB" for node, gib in progress.memory_gib.items())
-        if state.phase != self._phase and state.phase:
-            self._phase = state.phase
-            console.print(Text(f"  {progress.elapsed:6.1f} s  ", style="dim")
-                          + Text(f"{state.phase:<12}", style="bold") + Text(f"  memory in use: {memory}"))
-        bar = progress.bar or ((state.shards_loaded, state.shards_total) if state.shards_total else None)
-        if bar and bar[1]:
-            tenth = bar[0] * 10 // bar[1]
-            if tenth != self._tenth:
-                self._tenth = tenth
-                console.print(Text(f"  {progress.elapsed:6.1f} s  ", style="dim")
-                              + Text(f"weights      shards {bar[0]}/{bar[1]} ({100 * bar[0] // bar[1]} %)"))
-
-
 def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Progress
     state = progress.state
     gib = ", ".join(f"{g:g}" for g in state.weights_gib) or "?"
@@ -295,8 +262,12 @@ def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Pr
         f": {plan.served_model_name} serves at {plan.endpoint} after {progress.elapsed:.1f} s"))
     console.print(f"  weights per rank: {gib} GiB; shards {state.shards_loaded}/{state.shards_total}"
                   + (f"; load {state.load_seconds:.1f} s" if state.load_seconds else ""))
-    times = sorted(progress.phase_times.items(), key=lambda item: item[1])
-    console.print("  phases: " + ", ".join(f"{phase} at {at:.1f} s" for phase, at in times))
+    resident = progress.resident_gib()
+    for node, used in progress.memory_gib.items():
+        loaded = progress.loaded_gib.get(node)
+        console.print(f"  {node}: {used:.1f} GiB of memory in use (+{resident.get(node, 0.0):.1f} GiB since "
+                      f"the start)" + (f", {loaded:g} GiB of weights" if loaded is not None else ""))
+    console.print("  phases: " + ", ".join(f"{phase} {took:.1f} s" for phase, took in progress.durations()))
     console.print(f"  try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
                   f"-d '{{\"model\": \"{plan.served_model_name}\", \"messages\": "
                   f"[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
@@ -313,6 +284,8 @@ def vllm_status(data: dict) -> None:
     console.print(Text("vllm ", style="bold") + Text(
         f"{vllm['endpoint']}  /health {vllm['health'] or 'no answer'}  model {vllm['model'] or '-'}",
         style=style))
+    if vllm.get("error"):
+        console.print(Text(f"  {vllm['error']}", style="red"))
     metrics = vllm["metrics"]
     if metrics:
         console.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))

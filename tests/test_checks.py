@@ -34,7 +34,7 @@ ALL_IDS = {
     "driver.not-responding", "driver.secure-boot-rejected", "driver.version-mismatch",
     "facts.unavailable", "link.address-missing", "link.down", "link.hca-mismatch",
     "link.interface-missing", "link.mtu-mismatch", "link.ping-failed", "memory.competing-process",
-    "memory.low", "memory.page-cache", "model.differs", "model.missing", "os.reboot-required",
+    "memory.held-by-cluster", "memory.low", "memory.page-cache", "model.differs", "model.missing", "os.reboot-required",
     "rdma.module-not-loaded", "ssh.unreachable", "sudo.needs-password", "versions.image-differs",
     "versions.ray-differs", "versions.vllm-differs", "versions.python-differs",
     "versions.driver-differs", "versions.kernel-differs",
@@ -967,3 +967,18 @@ def test_our_own_vllm_is_not_a_competing_server() -> None:
     assert only(findings_of(raws), "memory.competing-process").node == "spark-a"
     set_probe(raws["spark-a"], "own_pids", "4242\n")  # in this cluster's vLLM session
     assert not [f for f in findings_of(raws) if f.id == "memory.competing-process"]
+
+
+def test_memory_our_own_vllm_holds_is_not_missing() -> None:
+    raws = {n.name: healthy_raw(n.name, i) for i, n in enumerate(INVENTORY.nodes)}
+    serving = "  4242 2048000 python3         python3 -m vllm serve spark-lab/tiny-moe\n"
+    set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=4 * GIB // KIB, free_kib=3 * GIB // KIB))
+    assert only(findings_of(raws), "memory.low").node == "spark-a"
+    set_probe(raws["spark-a"], "processes", serving)
+    set_probe(raws["spark-a"], "own_pids", "4242\n")
+    findings = findings_of(raws)
+    assert not [f for f in findings if f.id == "memory.low"]
+    held = only(findings, "memory.held-by-cluster")
+    assert held.severity == Severity.INFO and "4242" in held.evidence
+    set_probe(raws["spark-a"], "own_pids", "77\n")  # only Ray of ours runs: the vLLM is someone else's
+    assert only(findings_of(raws), "memory.competing-process").node == "spark-a"

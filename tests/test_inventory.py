@@ -348,6 +348,16 @@ def test_args_list_is_kept_as_given() -> None:
     assert inv.model is not None and inv.model.args == ("--max-model-len", "8192", "--served-model-name", "q 3")
 
 
+def test_api_key_env_names_a_variable_and_never_echoes_a_key() -> None:
+    inv = parse_inventory(variant(l34="  api_key_env: SPARK_API_KEY"), "x.yaml")
+    assert inv.model is not None and inv.model.api_key_env == "SPARK_API_KEY"
+    assert parse_inventory(BASE, "x.yaml").model.api_key_env is None  # type: ignore[union-attr]
+    key = "sk-proj-4f9a8b7c6d5e"
+    (problem,) = problems_of(variant(l34=f"  api_key_env: {key}"))
+    assert problem.line == 34 and "NAME of an environment variable" in problem.message
+    assert key not in str(problem)
+
+
 def test_model_by_name_and_no_model() -> None:
     inv = parse_inventory(variant(l32="  name: Qwen/Qwen3-235B-A22B-GPTQ-Int4"), "x.yaml")
     assert inv.model is not None and inv.model.name == "Qwen/Qwen3-235B-A22B-GPTQ-Int4" and inv.model.recipe is None

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from spark_cluster.inventory import Inventory, load_inventory
 from spark_cluster.ray_plan import node_env
 from spark_cluster.recipes import RecipeError
+from spark_cluster.serve import start_command
 from spark_cluster.serve_plan import ServePlanError, merge_args, parse_argv, serve_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,9 +176,16 @@ def test_unknown_recipe_in_inventory() -> None:
 
 
 def test_recipe_env_ray_does_not_copy_is_listed_for_ray_start() -> None:
-    plan = serve_plan(with_model(LAB, recipe="nemotron-3-nano-nvfp4"))
+    inv = with_model(LAB, recipe="nemotron-3-nano-nvfp4")
+    plan = serve_plan(inv)
     assert dict(plan.ray_node_env) == {"CUTE_DSL_ARCH": "sm_121a"}
     assert plan.head.env["VLLM_NVFP4_GEMM_BACKEND"] == "flashinfer-b12x"
+    # ...and so every node's `ray start` carries it, while vLLM's own variables stay vLLM's to copy
+    for spec in inv.nodes:
+        env = node_env(inv, spec)
+        assert env["CUTE_DSL_ARCH"] == "sm_121a" and "VLLM_NVFP4_GEMM_BACKEND" not in env
+    assert "CUTE_DSL_ARCH" not in node_env(with_cluster(inv, executor="mp"), inv.head)
+    assert "CUTE_DSL_ARCH" not in node_env(LAB, LAB.head)
 
 
 def test_inventory_env_has_the_last_word_and_secrets_are_redacted() -> None:
@@ -195,10 +203,16 @@ def test_host_cache_under_home_is_expanded_by_the_shell() -> None:
 
 
 def test_api_key_is_a_reference() -> None:
-    plan = serve_plan(LAB, api_key_env="SPARK_API_KEY")
-    argv = argv_of(plan)
-    assert argv[argv.index("--api-key") + 1] == "$SPARK_API_KEY" and plan.secret_env == ("SPARK_API_KEY",)
-    assert plan.head.shell().endswith('--api-key "$SPARK_API_KEY"')
+    plan = serve_plan(with_model(SIM, api_key_env="SPARK_API_KEY"))
+    assert "--api-key" not in argv_of(plan) and plan.secret_env == ("SPARK_API_KEY",)
+    assert dict(plan.head.secrets) == {"VLLM_API_KEY": "SPARK_API_KEY"}
+    assert plan.head.shell().startswith('VLLM_API_KEY="$SPARK_API_KEY" ')
+    assert "SPARK_API_KEY" not in plan.head.shell(exported=True)  # the launcher exports it from stdin
+    container = serve_plan(with_model(LAB, api_key_env="SPARK_API_KEY")).head
+    assert container.shell().startswith('VLLM_API_KEY="$SPARK_API_KEY" docker exec -e VLLM_API_KEY spark-cluster-lab ')
+    assert container.shell(exported=True).startswith("docker exec -e VLLM_API_KEY spark-cluster-lab ")
+    mp = serve_plan(with_cluster(with_model(LAB, api_key_env="K"), executor="mp"))
+    assert [dict(c.secrets) for c in mp.commands] == [{}, {"VLLM_API_KEY": "K"}]  # the head serves the API
     with pytest.raises(ServePlanError, match="must name an environment variable"):
         serve_plan(LAB, api_key_env="sk-not a name")
 
@@ -220,8 +234,9 @@ def test_the_api_key_value_never_appears(secret: str, mp: bool) -> None:
     assume(secret not in _all_text(serve_plan(inv)))  # a secret like "0.0.0.0 " is in every plan
     with patched_env(SPARK_API_KEY=secret):
         plan = serve_plan(inv, api_key_env="SPARK_API_KEY")
-    assert secret not in _all_text(plan)
-    assert '--api-key "$SPARK_API_KEY"' in plan.head.shell()
+        assert secret not in _all_text(plan)
+        assert secret not in start_command(plan.head)
+    assert 'VLLM_API_KEY="$SPARK_API_KEY" ' in plan.head.shell()
 
 
 @contextmanager

@@ -16,8 +16,9 @@ import pytest
 from spark_cluster.sim.faults import FAULTS, apply_fault, heal, prune_faults
 from spark_cluster.sim.layout import NodePaths
 from spark_cluster.sim.state import (
-    MEM_TOTAL_KIB, TOOLS, VLLM_IMAGE, add_consumer, healthy_state, installed_kernels, load_state,
-    locked_state, module_driver, render, save_state, userspace_driver, write_etc, write_wrappers,
+    MEM_TOTAL_KIB, TOOLS, VLLM_IMAGE, add_consumer, gone_consumers, healthy_state, installed_kernels,
+    load_state, locked_state, module_driver, prune_gone_consumers, render, save_state, userspace_driver,
+    write_etc, write_wrappers,
 )
 
 
@@ -230,3 +231,32 @@ def test_prune_forgets_only_repaired_state_faults() -> None:
     state["modules"]["loaded"].append("nvidia_uvm")
     prune_faults(state)
     assert state["faults"] == ["link-down"]
+
+
+def test_consumers_of_ended_processes_are_gone_and_only_pruning_forgets_them(paths: NodePaths) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    recycled = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with locked_state(paths) as state:
+            add_consumer(state, "killed", 10 * 2**20, pid=child.pid, gpu=True)
+            add_consumer(state, "alive", 2 * 2**20, pid=os.getpid(), gpu=True)
+            # written without a start time (by hand, as the table fixtures do): never judged, whatever the pid
+            state["memory"]["consumers"]["no-process"] = {"pid": os.getpid(), "kib": 3 * 2**20, "gpu": True}
+            add_consumer(state, "anonymous", 2**20)
+            add_consumer(state, "recycled", 2**20, pid=recycled.pid)
+            state["memory"]["consumers"]["recycled"]["start"] -= 1  # same pid, another process
+        child.kill()
+        child.wait()
+        with locked_state(paths) as state:  # the lab's host side writes too: nothing is pruned there
+            assert gone_consumers(state) == ["killed", "recycled"]
+        state = load_state(paths.state)
+        assert len(state["memory"]["consumers"]) == 5
+        used = meminfo(paths)["MemAvailable"]
+        assert prune_gone_consumers(state) == ["killed", "recycled"]
+        assert list(state["memory"]["consumers"]) == ["alive", "no-process", "anonymous"]
+        render(state, paths)
+        assert meminfo(paths)["MemAvailable"] == used + 11 * 2**20
+    finally:
+        for proc in (child, recycled):
+            proc.kill()
+            proc.wait()

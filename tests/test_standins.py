@@ -22,7 +22,7 @@ import pytest
 from spark_cluster.sim.faults import apply_fault
 from spark_cluster.sim.layout import NodePaths
 from spark_cluster.sim.state import (
-    VLLM_IMAGE, healthy_state, load_state, locked_state, render, save_state, write_wrappers,
+    VLLM_IMAGE, add_consumer, healthy_state, load_state, locked_state, render, save_state, write_wrappers,
 )
 
 NOT_LOADED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -401,6 +401,30 @@ def test_memory_hog_shows_in_nvidia_smi_and_meminfo(node: Node) -> None:
     finally:
         hog.kill()
         hog.wait()
+
+
+def test_nvidia_smi_inside_its_node_forgets_processes_that_are_gone(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root may change a node's state")
+    # Inside a node its hostname is its name; elsewhere the recorded pids are another namespace's.
+    here, elsewhere = Node(tmp_path / "nodes" / os.uname().nodename), Node(tmp_path / "nodes" / "spark-z")
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for n in (here, elsewhere):
+            with locked_state(n.paths) as s:
+                add_consumer(s, "vllm-rank0-1", 100 * 2**20, pid=worker.pid, gpu=True, process="ray::RayWorkerWrapper")
+        before = int(here.paths.meminfo.read_text().splitlines()[2].split()[1])
+        assert f"{worker.pid:>15}      C   ray::RayWorkerWrapper" in here.out("nvidia-smi")  # alive: kept
+        worker.kill()
+        worker.wait()
+        assert "ray::RayWorkerWrapper" not in here.out("nvidia-smi")
+        assert here.state["memory"]["consumers"] == {}
+        assert int(here.paths.meminfo.read_text().splitlines()[2].split()[1]) == before + 100 * 2**20
+        assert "ray::RayWorkerWrapper" in elsewhere.out("nvidia-smi")
+        assert list(elsewhere.state["memory"]["consumers"]) == ["vllm-rank0-1"]
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def test_clock_skew_moves_date_and_date_s_sets_it(node: Node) -> None:

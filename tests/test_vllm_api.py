@@ -398,6 +398,27 @@ def test_api_key() -> None:
         s.shutdown()
 
 
+def test_api_keys_as_vllm_checks_them() -> None:
+    # Several keys (vLLM's --api-key takes a list), any one will do; the scheme is case-insensitive;
+    # an empty key guards nothing; OPTIONS (CORS preflight) is never challenged.
+    s = serve_api("127.0.0.1", 0, MODEL, rate=FAST, api_key=["", "one", "two"])
+    try:
+        for value in ("Bearer one", "bearer two", "BEARER one"):
+            assert call(s.url + "/v1/models", headers={"Authorization": value})[0] == 200, value
+        for value in ("Bearer", "Bearer ", "Basic one", "Bearer three", "Bearer one two"):
+            assert call(s.url + "/v1/models", headers={"Authorization": value})[0] == 401, value
+        assert call(s.url + "/v1/models", method="OPTIONS")[0] != 401
+        for path in ("/health", "/ping", "/version", "/load", "/metrics"):
+            assert call(s.url + path)[0] == 200, path
+    finally:
+        s.shutdown()
+    open_server = serve_api("127.0.0.1", 0, MODEL, rate=FAST, api_key="")
+    try:
+        assert call(open_server.url + "/v1/models")[0] == 200
+    finally:
+        open_server.shutdown()
+
+
 def test_ready_event_and_shutdown() -> None:
     ready = threading.Event()
     s = serve_api("127.0.0.1", 0, MODEL, rate=FAST, ready=ready)

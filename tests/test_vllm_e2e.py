@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -22,17 +26,18 @@ pytestmark = [
 ]
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
+                          text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **(env or {})})
 
 
 def with_fault(inventory: Path, tmp_path: Path, fault: str) -> Path:
     broken = tmp_path / f"{fault.replace(':', '-')}.yaml"
     text = inventory.read_text()
-    line = "  env: {SPARK_LAB_LOAD_MBPS: '4'}\n"
+    line = "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64'}\n"
     assert line in text
-    broken.write_text(text.replace(line, f"  env: {{SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_FAULT: '{fault}'}}\n"))
+    broken.write_text(text.replace(line, line.replace("}", f", SPARK_LAB_FAULT: '{fault}'}}")))
     return broken
 
 
@@ -48,13 +53,34 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
 
 def test_up_serves_the_model_within_90_seconds(lab) -> None:
     started = time.monotonic()
-    done = cli("up", str(lab))
+    done = cli("up", str(lab), "--json")
     took = time.monotonic() - started
     print(f"up to ready: {took:.1f} s")
     assert done.returncode == 0, done.stdout + done.stderr
     assert took < 90
-    assert "[3] vllm" in done.stdout and "shards 8/8 (100 %)" in done.stdout
-    assert "ready: spark-lab/tiny-moe serves at http://10.117.0.11:8000/v1" in done.stdout
+    # The human view (on stderr with --json): phases, shards with an ETA, each node's load.
+    assert "[3] vllm" in done.stderr and "shards 8/8 (100 %)" in done.stderr
+    assert "ETA " in done.stderr
+    for node in ("spark-a", "spark-b"):
+        assert f"{node} holds 57.64 GiB of weights" in done.stderr
+    assert "ready: spark-lab/tiny-moe serves at http://10.117.0.11:8000/v1" in done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["check", "ray"] and kinds[-1] == "ready"
+    phases = [e["phase"] for e in events if e["event"] == "phase"]
+    assert phases[0] == "engine-args" and phases[-1] == "ready" and "weights" in phases
+    order = ["engine-args", "ray", "workers", "weights", "compile", "cuda-graphs", "kv-cache", "api-server", "ready"]
+    assert phases == sorted(phases, key=order.index)  # never backwards
+    shards = [e["shards_loaded"] for e in events if e["event"] == "progress" and e["shards_loaded"] is not None]
+    assert shards == sorted(shards) and shards[-1] == 8 and len(set(shards)) >= 3
+    assert any(e["eta_s"] for e in events if e["event"] == "progress")
+    ready = events[-1]
+    assert ready["loaded_gib"] == {"spark-a": 57.64, "spark-b": 57.64}
+    # Each node's unified memory grew by its weights, then by the KV cache (the emulator holds
+    # them in the node's memory: 0.9 of MemTotal once it serves).
+    assert all(ready["resident_gib"][node] > 57 for node in ("spark-a", "spark-b")), ready
+    during = [e["resident_gib"] for e in events if e["event"] == "progress" and e["phase"] == "weights"]
+    assert any(0 < r.get("spark-b", 0) < 57 for r in during), during  # seen while it grew
     request = urllib.request.Request(
         "http://10.117.0.11:8000/v1/chat/completions",
         data=json.dumps({"model": "spark-lab/tiny-moe", "max_tokens": 5,
@@ -112,6 +138,79 @@ def test_silent_death_is_reported_as_such(lab, tmp_path: Path) -> None:
     assert cli("down", str(broken)).returncode == 0
 
 
+def test_ctrl_c_leaves_vllm_starting_and_up_follows_it_again(lab, tmp_path: Path) -> None:
+    slow = tmp_path / "slow.yaml"  # 1 MB/s: a 12 s load, so the second `up` finds it still starting
+    slow.write_text(lab.read_text().replace("SPARK_LAB_LOAD_MBPS: '4'", "SPARK_LAB_LOAD_MBPS: '1'"))
+    proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", "up", str(slow), "--restart"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "shards 1/8" not in seen:
+        assert time.monotonic() < deadline and proc.poll() is None, seen
+        try:
+            seen += lines.get(timeout=1)
+        except queue.Empty:
+            pass
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    assert proc.wait(timeout=15) == 1
+    assert "stopped following; vLLM keeps running on spark-a" in err and "follows it again" in err
+    again = cli("up", str(slow))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "vLLM of this cluster is still starting on spark-a: following it" in again.stdout
+    assert "ready: spark-lab/tiny-moe serves" in again.stdout
+    assert cli("down", str(slow)).returncode == 0
+
+
+KEY_HEAD, KEY_TAIL = "sk-lab-", "5e1f0c9a7b3d42e8"  # joined only in Python: no command line here holds it
+
+
+def test_container_runtime_with_an_api_key_from_the_environment(lab, tmp_path: Path) -> None:
+    key = KEY_HEAD + KEY_TAIL
+    assert cli("down", str(lab)).returncode == 0
+    boxed = tmp_path / "boxed.yaml"
+    boxed.write_text(lab.read_text().replace(
+        "  runtime: host\n", "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n").replace(
+        "  hf_cache: /root/.cache/huggingface\n", "  hf_cache: /root/.cache/huggingface\n  api_key_env: SPARK_LAB_API_KEY\n"))
+    unset = cli("up", str(boxed))
+    assert unset.returncode == 1 and "names SPARK_LAB_API_KEY, which is not set here" in unset.stderr
+    done = cli("up", str(boxed), env={"SPARK_LAB_API_KEY": key})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ready: spark-lab/tiny-moe serves" in done.stdout
+    assert "spark-cluster-sim" in cli("exec", str(boxed), "--node", "spark-a", "--",
+                                      "docker ps --format '{{.Names}}'").stdout
+
+    def models(bearer: str | None) -> int:
+        headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+        try:
+            with urllib.request.urlopen(urllib.request.Request("http://10.117.0.11:8000/v1/models",
+                                                               headers=headers), timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert models(None) == 401 and models("wrong") == 401 and models(key) == 200
+    with_key = cli("status", str(boxed), "--json", env={"SPARK_LAB_API_KEY": key})
+    assert with_key.returncode == 0 and json.loads(with_key.stdout)["vllm"]["healthy"] is True
+    without = cli("status", str(boxed))
+    assert without.returncode == 1 and "export SPARK_LAB_API_KEY=<the key> here" in without.stdout
+    # The key is on no command line and in no file of the nodes (logs, pid files, Ray's
+    # session) nor of this machine's ~/.spark-cluster.
+    for node in ("spark-a", "spark-b"):
+        found = cli("exec", str(boxed), "--node", node, "--",
+                    f'k={KEY_HEAD}; k="$k"{KEY_TAIL}; pgrep -af -- "$k"; '
+                    'grep -rlsF -- "$k" ~/.cache/spark-cluster /tmp/ray; echo end')
+        assert found.returncode == 0 and found.stdout.splitlines()[1:] == ["end"], found.stdout
+    local = Path.home() / ".spark-cluster"
+    assert not [p for p in local.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
+    assert cli("down", str(boxed)).returncode == 0
+    assert "spark-cluster-sim" not in cli("exec", str(boxed), "--node", "spark-a", "--",
+                                          "docker ps -a --format '{{.Names}}'").stdout
+
+
 def test_down_leaves_no_vllm_and_no_port(lab) -> None:
     assert cli("up", str(lab), "--restart").returncode == 0
     done = cli("down", str(lab))
@@ -120,3 +219,6 @@ def test_down_leaves_no_vllm_and_no_port(lab) -> None:
     left = cli("exec", str(lab), "--node", "spark-a", "--",
                "pgrep -f '[v]llm.entrypoints' || ss -ltnH | grep ':8000 ' || echo none")
     assert left.stdout.rstrip().endswith("none"), left.stdout
+    # The memory the model held is the nodes' again.
+    report = json.loads(cli("status", str(lab), "--json").stdout)
+    assert all(n["memory_used_gib"] < 10 for n in report["nodes"].values()), report["nodes"]

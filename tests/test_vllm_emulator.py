@@ -11,7 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,14 @@ from pathlib import Path
 import pytest
 
 from spark_cluster.sim import checkpoint
-from spark_cluster.sim.vllm_emulator import bar_line
+from spark_cluster.sim.layout import NodePaths
+from spark_cluster.sim.node_memory import ENGINE_CORE, RAY_WORKER, NodeMemory, parse_bytes
+from spark_cluster.sim.standins.nvidia import gpu_processes
+from spark_cluster.sim.state import (
+    GIB_KIB, MEM_TOTAL_KIB, add_consumer, healthy_state, load_state, locked_state, render, save_state,
+    write_wrappers,
+)
+from spark_cluster.sim.vllm_emulator import RayWorkerWrapper, api_keys, bar_line, resolve_model
 
 PY = sys.executable
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -247,3 +256,279 @@ def test_bar_format_matches_tqdm() -> None:
         "\rLoading safetensors checkpoint shards:  33% Completed | 1/3 [00:00<00:00,  3.33it/s]\n"
     assert bar_line("d", 4, 8, 1.0).endswith("| 4/8 [00:01<00:01,  4.00it/s]\n")
     assert "12.50s/it" in bar_line("d", 1, 8, 12.5)
+
+
+# --------------------------------------------------------------------------- unified memory on the node
+# A scratch lab whose one node is this machine: named as its hostname, as a rank inside a lab node
+# finds its own. No Ray here: the worker class is driven directly, the uni path as a process.
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NodePaths:
+    root = tmp_path / "lab"
+    paths = NodePaths.for_node(os.uname().nodename, root)
+    paths.root.mkdir(parents=True)
+    state = healthy_state(paths.root.name, 0)
+    save_state(paths.state, state)
+    render(state, paths)
+    write_wrappers(paths)
+    monkeypatch.setenv("SPARK_LAB_ROOT", str(root))
+    return paths
+
+
+def _meminfo(paths: NodePaths) -> dict[str, int]:
+    return {line.split(":")[0]: int(line.split()[1]) for line in paths.meminfo.read_text().splitlines()}
+
+
+def _consumers(paths: NodePaths, process: str | None = None) -> dict[str, dict]:
+    found = load_state(paths.state)["memory"]["consumers"]
+    return {n: c for n, c in found.items() if process is None or c.get("process") == process}
+
+
+def _until(what, timeout: float = 20.0, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(every)
+    pytest.fail(f"not within {timeout}s: {what}")
+
+
+def _dead_pid() -> tuple[int, int | None]:
+    """A process recorded while alive and then SIGKILLed: (pid, its recorded start)."""
+    from spark_cluster.sim.state import process_start
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
+    start = process_start(proc.pid)
+    proc.kill()
+    proc.wait()
+    return proc.pid, start
+
+
+def _worker(hf_home: Path, rank: int = 0, world: int = 1) -> RayWorkerWrapper:
+    snapshot = resolve_model(checkpoint.REPO, str(hf_home / "hub"))
+    assert snapshot is not None
+    return RayWorkerWrapper(rank, world, str(snapshot), checkpoint.REPO, "", False, None)
+
+
+def test_a_loading_rank_grows_on_its_node_and_frees_on_release(here: NodePaths, hf_home: Path) -> None:
+    base = _meminfo(here)["MemAvailable"]
+    w = _worker(hf_home)
+    loader = threading.Thread(target=w.load_model, args=(12.0, None))  # ~25 MB at 12 MB/s: ~2 s
+    loader.start()
+    seen: list[tuple[int, int]] = []  # (consumer KiB, MemAvailable) while loading
+    while loader.is_alive():
+        rec = _consumers(here, RAY_WORKER)
+        if rec:
+            (c,) = rec.values()
+            if not seen or seen[-1][0] != c["kib"]:
+                seen.append((c["kib"], _meminfo(here)["MemAvailable"]))
+        time.sleep(0.02)
+    loader.join()
+    sizes = [k for k, _ in seen]
+    assert len(set(sizes)) >= 4 and sizes == sorted(sizes), seen  # grew in steps, never shrank
+    assert all(avail <= base for _, avail in seen)
+    (name, rec), = _consumers(here).items()
+    assert name == f"vllm-rank0-{os.getpid()}"
+    assert rec["pid"] == os.getpid() and rec["gpu"] is True and rec["process"] == RAY_WORKER
+    assert rec["kib"] == w.bytes_read // 1024 and rec["phase"] == "weights"
+    assert _meminfo(here)["MemAvailable"] == base - rec["kib"]
+    procs = [p for p in gpu_processes(load_state(here.state)) if p["type"] == "C"]
+    assert procs == [{"pid": os.getpid(), "type": "C", "name": RAY_WORKER, "mib": rec["kib"] // 1024}]
+    w.release_memory()
+    assert _consumers(here) == {}
+    assert _meminfo(here)["MemAvailable"] == base
+    w.memory.update(10 * GIB_KIB, force=True)  # a released rank records nothing more
+    assert _consumers(here) == {}
+
+
+def test_a_long_shard_shows_growth_before_it_ends(here: NodePaths, hf_home: Path, tmp_path: Path) -> None:
+    one = tmp_path / "one-shard"  # one 3 MiB shard read at 1.5 MB/s: three 1 MiB steps, 0.7 s apart
+    one.mkdir()
+    snapshot = resolve_model(checkpoint.REPO, str(hf_home / "hub"))
+    (one / "config.json").write_bytes((snapshot / "config.json").read_bytes())
+    (one / "model.safetensors").write_bytes((snapshot / "model-00001-of-00008.safetensors").read_bytes())
+    w = RayWorkerWrapper(0, 1, str(one), str(one), "", False, None)
+    loader = threading.Thread(target=w.load_model, args=(1.5, None))
+    loader.start()
+    sizes: set[int] = set()
+    while loader.is_alive() and w.done == 0:
+        sizes |= {c["kib"] for c in _consumers(here).values()}
+        time.sleep(0.02)
+    loader.join()
+    # the first two steps at least are seen while the shard is still being read (the third may
+    # land with the shard's end); without them the node would stand still for the whole shard
+    assert len(sizes - {0}) >= 2 and min(sizes - {0}) < w.bytes_read // 1024, sorted(sizes)
+    w.release_memory()
+
+
+def test_reported_weights_then_the_kv_cache_reservation(here: NodePaths, hf_home: Path) -> None:
+    base = _meminfo(here)["MemAvailable"]
+    w = _worker(hf_home, rank=1, world=2)
+    loader = threading.Thread(target=w.load_model, args=(8.0, 6.0))  # as SPARK_LAB_WEIGHTS_GIB=6
+    loader.start()
+    sizes: list[int] = []
+    while loader.is_alive():
+        sizes += [c["kib"] for c in _consumers(here).values() if not sizes or c["kib"] != sizes[-1]]
+        time.sleep(0.02)
+    loader.join()
+    # a share of the 6 GiB it will report, in proportion to what it has read: not the bytes
+    assert len(set(sizes)) >= 3 and max(sizes[:-1], default=0) < 6 * GIB_KIB, sizes
+    assert all(k > w.bytes_read // 1024 for k in sizes if k), sizes
+    (rec,) = _consumers(here).values()
+    assert rec["kib"] == 6 * GIB_KIB
+    w.compile_and_profile(4096, 0.5)
+    (rec,) = _consumers(here).values()
+    assert rec["kib"] == int(0.5 * MEM_TOTAL_KIB) and rec["phase"] == "kv-cache"
+    assert _meminfo(here)["MemAvailable"] == base - int(0.5 * MEM_TOTAL_KIB)
+    w.compile_and_profile(4096, 0.5, "8G")  # --kv-cache-memory-bytes wins over the fraction
+    (rec,) = _consumers(here).values()
+    assert rec["kib"] == 6 * GIB_KIB + 8 * GIB_KIB
+    w.release_memory()
+    assert _consumers(here) == {}
+
+
+def test_a_write_from_the_node_forgets_ranks_whose_process_is_gone(here: NodePaths) -> None:
+    pid, start = _dead_pid()
+    assert start is not None
+    with locked_state(here) as state:
+        state["memory"]["consumers"]["vllm-rank1-gone"] = {"pid": pid, "start": start, "kib": 50 * GIB_KIB,
+                                                           "gpu": True, "process": RAY_WORKER}
+        add_consumer(state, "fixture", GIB_KIB)  # recorded without a process: never judged gone
+    # The lab's host side writes the state too, with pids of the node's namespace: no pruning there.
+    with locked_state(here):
+        pass
+    assert "vllm-rank1-gone" in _consumers(here)
+    base = _meminfo(here)["MemAvailable"]
+    mem = NodeMemory("vllm-rank0-test", RAY_WORKER)
+    assert mem.active
+    mem.update(GIB_KIB)
+    assert set(_consumers(here)) == {"fixture", "vllm-rank0-test"}
+    assert _meminfo(here)["MemAvailable"] == base + 50 * GIB_KIB - GIB_KIB
+    mem.release()
+    assert set(_consumers(here)) == {"fixture"}
+
+
+def test_outside_a_lab_a_rank_records_nothing_and_loads(tmp_path: Path, hf_home: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARK_LAB_ROOT", str(tmp_path / "no-lab"))
+    w = _worker(hf_home)
+    assert w.load_model(2000.0, None)["bytes"] == w.bytes_read > 0
+    assert w.memory is not None and not w.memory.active
+    w.compile_and_profile(4096)
+    w.release_memory()
+    assert not (tmp_path / "no-lab").exists()
+
+
+def test_a_rank_finds_its_node_by_the_stand_ins_bound_on_it(here: NodePaths, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.sim import node_memory
+    monkeypatch.setenv("SPARK_LAB_ROOT", str(tmp_path / "elsewhere"))  # the environment does not say
+    assert node_memory.lab_node() is None
+    monkeypatch.setattr(node_memory, "STANDINS", here.bin)  # the node binds its bin over /usr/local/sbin
+    assert node_memory.lab_node() == here
+    assert node_memory.lab_node(hostname="spark-other") is None  # another node's tools: not ours
+
+
+def test_updates_are_throttled(here: NodePaths) -> None:
+    mem = NodeMemory("vllm-rank0-x", RAY_WORKER, interval=60.0)
+    assert mem.update(1024) is True  # the first write is never held back
+    assert [mem.update(2048 + i) for i in range(50)] == [False] * 50
+    assert _consumers(here)["vllm-rank0-x"]["kib"] == 1024
+    assert mem.update(4096, force=True) is True
+    assert _consumers(here)["vllm-rank0-x"]["kib"] == 4096
+    mem.release()
+
+
+def test_parse_bytes_as_vllm_human_readable_int() -> None:
+    assert parse_bytes("8G") == 8 * 2**30 and parse_bytes("8g") == 8 * 10**9
+    assert parse_bytes("25.6G") == int(25.6 * 2**30) and parse_bytes("1k") == 1000
+    assert parse_bytes("123") == 123
+    assert parse_bytes(None) is None and parse_bytes("lots") is None
+
+
+def test_api_keys_flag_first_then_environment() -> None:
+    assert api_keys("a", {"VLLM_API_KEY": "b"}) == ["a"]
+    assert api_keys(None, {"VLLM_API_KEY": "b"}) == ["b"]
+    assert api_keys(["x", "y"], {}) == ["x", "y"]
+    assert api_keys(None, {"VLLM_API_KEY": ""}) == [] and api_keys(None, {}) == []
+
+
+def _uni(hf_home: Path, out: Path, port: int, *extra: str, **env: str) -> Emu:
+    full = dict(os.environ, HF_HOME=str(hf_home), SPARK_LAB_LOAD_MBPS="2000", SPARK_LAB_RATE_SCALE="100",
+                PYTHONUNBUFFERED="1", **env)
+    for name in ("SPARK_LAB_FAULT", "VLLM_API_KEY", "RAY_ADDRESS"):
+        if name not in env:
+            full.pop(name, None)
+    return Emu([checkpoint.REPO, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
+                *extra], full, out)
+
+
+def _status(url: str, key: str | None = None) -> int:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        assert e.code != 401 or json.loads(e.read()) == {"error": "Unauthorized"}
+        return e.code
+
+
+def test_uni_engine_holds_its_memory_and_takes_the_key_from_the_environment(
+        here: NodePaths, hf_home: Path, tmp_path: Path) -> None:
+    base = _meminfo(here)["MemAvailable"]
+    port = _free_port()
+    e = _uni(hf_home, tmp_path / "uni.log", port, "--gpu-memory-utilization", "0.4",
+             VLLM_API_KEY="sekrit", SPARK_LAB_ROOT=str(here.root.parents[1]))
+    try:
+        e.wait_for("Application startup complete.", timeout=40)
+        (rec,) = _consumers(here).values()
+        assert rec["pid"] == e.proc.pid and rec["process"] == ENGINE_CORE
+        assert rec["kib"] == int(0.4 * MEM_TOTAL_KIB)
+        assert _meminfo(here)["MemAvailable"] == base - int(0.4 * MEM_TOTAL_KIB)
+        url = f"http://127.0.0.1:{port}"
+        assert _status(url + "/v1/models") == 401
+        assert _status(url + "/v1/models", "wrong") == 401
+        assert _status(url + "/v1/models", "sekrit") == 200
+        assert _status(url + "/health") == 200 and _status(url + "/health", "sekrit") == 200
+        assert "sekrit" not in e.text()
+        _kill_group(e.proc, signal.SIGTERM)
+        assert e.wait_exit(20) == 0
+        assert _consumers(here) == {}
+        assert _meminfo(here)["MemAvailable"] == base
+    finally:
+        e.stop()
+
+
+def test_silent_death_leaves_memory_until_nvidia_smi_on_the_node_forgets_it(
+        here: NodePaths, hf_home: Path, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root may change a node's state")
+    base = _meminfo(here)["MemAvailable"]
+    e = _uni(hf_home, tmp_path / "dead.log", _free_port(), SPARK_LAB_FAULT="silent-death",
+             SPARK_LAB_ROOT=str(here.root.parents[1]))
+    try:
+        assert e.wait_exit(40) == 137
+        (rec,) = _consumers(here).values()  # os._exit: nothing ran to free it
+        assert rec["pid"] == e.proc.pid and rec["kib"] > 0
+        assert _meminfo(here)["MemAvailable"] == base - rec["kib"]
+        smi = subprocess.run([str(here.bin / "nvidia-smi")], capture_output=True, text=True, timeout=30)
+        assert smi.returncode == 0, smi.stdout + smi.stderr
+        assert ENGINE_CORE not in smi.stdout and "No running processes found" not in smi.stdout
+        assert _consumers(here) == {}
+        assert _meminfo(here)["MemAvailable"] == base
+    finally:
+        e.stop()
+
+
+def test_tp2_ranks_record_themselves_and_free_at_shutdown(emu, here: NodePaths) -> None:
+    port = _free_port()
+    e = emu([*TP2, "--port", str(port), "--gpu-memory-utilization", "0.3"],
+            SPARK_LAB_ROOT=str(here.root.parents[1]))
+    e.wait_for("Application startup complete.", timeout=45)
+    ranks = _consumers(here, RAY_WORKER)
+    assert sorted(c["rank"] for c in ranks.values()) == [0, 1]
+    assert {c["kib"] for c in ranks.values()} == {int(0.3 * MEM_TOTAL_KIB)}
+    assert all(c["pid"] != e.proc.pid and n == f"vllm-rank{c['rank']}-{c['pid']}" for n, c in ranks.items())
+    _kill_group(e.proc, signal.SIGTERM)
+    assert e.wait_exit(20) == 0
+    assert _consumers(here) == {}

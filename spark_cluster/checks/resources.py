@@ -54,6 +54,12 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterat
             fix("stop-competing-servers", pids=" ".join(str(p.pid) for p in hogs),
                 names=" ".join(p.name for p in hogs)))
         return
+    ours = [p for p in facts.processes if p.pid in facts.own_pids and "vllm" in p.args]
+    if ours:  # the model is loaded already: what it holds is not missing
+        yield info("memory.held-by-cluster", node,
+                   f"this cluster's vLLM runs on {node} and holds its memory; {state}",
+                   f"ps: {ours[0].pid} {ours[0].args[:80]}", manual("`spark-cluster down` frees it"))
+        return
     wanted = (need + HEADROOM) if need else None
     if wanted and memory.available < wanted:
         cache = memory.cached + memory.buffers

@@ -317,8 +317,9 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
         f"  python: {lab_root / 'python'}",
         "  ray_port: 6379",
         "  executor: ray",
-        # The emulator reads its shards at this pace, so the weight load can be watched.
-        "  env: {SPARK_LAB_LOAD_MBPS: '4'}",
+        # The emulator reads its shards at this pace, so the weight load can be watched, and
+        # each rank holds seed 003's weights in its node's memory (57.64 GiB), not the 12 MiB it read.
+        "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64'}",
         "  ssh:",
         "    host_key_policy: strict",
         f"    known_hosts: {lab_root / 'known_hosts'}",

@@ -15,7 +15,8 @@ Top-level keys:
     modules        {"loaded": [names in load order]} (lsmod prints newest first)
     packages       dpkg database: name -> record (version, arch, description, depends, driver?)
     archive        what `apt-get` can install: name -> [records, oldest first]
-    memory         /proc/meminfo baseline plus named consumers (see add_consumer)
+    memory         /proc/meminfo baseline plus named consumers (see add_consumer; the vLLM
+                   emulator's ranks record themselves there, see node_memory)
     docker         images by reference, containers by name
     net            MACs of the node's interfaces (for the lab)
     clock          {"offset_s": seconds the node's clock is ahead}
@@ -274,6 +275,26 @@ def add_consumer(state: dict[str, Any], name: str, kib: int, pid: int | None = N
     nvidia-smi (type `C` unless `type` says otherwise, named by `process`). A reboot kills the
     process (if it is still the one recorded) and forgets the consumer."""
     state["memory"]["consumers"][name] = {"pid": pid, "start": process_start(pid), "kib": int(kib), **extra}
+
+
+def gone_consumers(state: dict[str, Any]) -> list[str]:
+    """Consumers whose recorded process has ended (or whose pid now names another process).
+
+    Pids are numbered as the recording process saw them: a node's own processes in its PID
+    namespace. Only code running inside that node may judge them; from the host the same
+    numbers name other processes (the lab's hog records its pid from inside the node).
+    Consumers recorded without a live process (no start time) are never judged gone."""
+    return [name for name, c in state["memory"]["consumers"].items()
+            if c.get("start") is not None and process_start(c.get("pid")) != c["start"]]
+
+
+def prune_gone_consumers(state: dict[str, Any]) -> list[str]:
+    """Forget the memory of ended processes, as the kernel and the driver free it (see gone_consumers
+    for where this may run). Returns the names forgotten."""
+    gone = gone_consumers(state)
+    for name in gone:
+        del state["memory"]["consumers"][name]
+    return gone
 
 
 # --- persistence -------------------------------------------------------------------------

@@ -29,20 +29,25 @@ limit, which a filler model would always reach).
 Error bodies: vLLM 0.19/0.33 nest them, `{"error": {"message", "type", "param", "code"}}`
 (`vllm/entrypoints/serve/engine/protocol.py` ErrorInfo/ErrorResponse); older vLLM sent the flat
 `{"object": "error", "message", ...}`. `error_style="flat"` gives the old shape. With `api_key`
-set, every path under /v1 needs `Authorization: Bearer KEY`, else 401 `{"error": "Unauthorized"}`.
+set (one key or several), every path under /v1 needs `Authorization: Bearer KEY` (the scheme in
+any case), else 401 `{"error": "Unauthorized"}`; /health, /ping, /version, /load and /metrics stay
+open, as vLLM's AuthenticationMiddleware guards only /v1. Where the key comes from (`--api-key`,
+else $VLLM_API_KEY) is the caller's business: vllm_emulator.api_keys.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import secrets
 import threading
 import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -333,6 +338,7 @@ class VllmApiServer(ThreadingHTTPServer):
     model: str
     max_model_len: int
     api_key: str | None
+    api_key_hashes: list[bytes]
     version: str
     answer_tokens: int
     error_style: Literal["nested", "flat"]
@@ -386,10 +392,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(e.status, body)
 
     def _authorized(self) -> bool:
-        key = self.server.api_key
-        if key is None or not self.path.startswith("/v1") or self.command == "OPTIONS":
+        hashes = self.server.api_key_hashes
+        if not hashes or not self.path.startswith("/v1") or self.command == "OPTIONS":
             return True
-        if self.headers.get("Authorization") == f"Bearer {key}":
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        # vLLM compares digests in constant time, against every key, whatever matches first.
+        digest = hashlib.sha256(token.encode()).digest()
+        matched = False
+        for h in hashes:
+            matched |= secrets.compare_digest(digest, h)
+        if scheme.lower() == "bearer" and matched:
             return True
         if self.command == "POST":
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -625,7 +637,7 @@ def serve_api(
     *,
     max_model_len: int = 8192,
     rate: TokenRate = TokenRate(),
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     ready: threading.Event | None = None,
     max_num_seqs: int = 256,
     kv_cache_tokens: int | None = None,
@@ -644,7 +656,9 @@ def serve_api(
     server = VllmApiServer((host, port), _Handler)
     server.model = model
     server.max_model_len = max_model_len
-    server.api_key = api_key
+    keys = [k for k in ([api_key] if isinstance(api_key, str) else api_key or ()) if k]
+    server.api_key = keys[0] if keys else None
+    server.api_key_hashes = [hashlib.sha256(k.encode()).digest() for k in keys]
     server.version = version
     server.answer_tokens = answer_tokens
     server.error_style = error_style

@@ -16,8 +16,14 @@ the rank-0 worker prints the tqdm shard bar on stderr in tqdm's non-TTY form.
 Only the Ray executor (and a single-GPU `uni`/`mp` run) is supported; `--nnodes > 1` / mp across
 nodes is rejected with a clear message.
 
+Memory: each rank records itself on its own lab node (node_memory) as a GPU process, named as
+nvidia-smi names vLLM's (`ray::RayWorkerWrapper`; `VLLM::EngineCore` for the in-process engine):
+its share so far of the weights while it loads, then --gpu-memory-utilization × the node's total
+memory once the KV cache is sized; freed at shutdown, forgotten once its process is gone.
+
 Environment: `SPARK_LAB_LOAD_MBPS`, `SPARK_LAB_WEIGHTS_GIB` (the GiB each rank reports instead of
 the bytes it read), `SPARK_LAB_RATE_SCALE`, `SPARK_LAB_LOCAL_GPUS` (GPUs "visible" here, default 1),
+`SPARK_LAB_ROOT` (where the lab's nodes live), `VLLM_API_KEY` (the API key when `--api-key` is absent),
 `VLLM_PG_TIMEOUT_S` (default 1800), `VLLM_DISTRIBUTED_EXECUTOR_CONFIG` (JSON, its
 `placement_group_options.strategy`), `VLLM_HOST_IP`, `RAY_ADDRESS`, and `SPARK_LAB_FAULT`:
 `crash-at:P` (rank 1 raises at P % of its load), `nccl`, `cuda-oom`, `kv-cache`, `hang`
@@ -41,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spark_cluster.sim import vllm_args
+from spark_cluster.sim import node_memory, vllm_args
 
 VERSION = vllm_args.VERSION
 CHUNK = 1 << 20
@@ -173,13 +179,28 @@ class RayWorkerWrapper:
     """One rank. As a Ray actor its output reaches the driver as `(RayWorkerWrapper pid=…, ip=…)`."""
 
     def __init__(self, rank: int, world: int, snapshot: str, model: str, fault: str, spans_nodes: bool,
-                 attention_backend: str | None) -> None:
+                 attention_backend: str | None, process: str = node_memory.RAY_WORKER) -> None:
         self.rank, self.world, self.snapshot, self.model = rank, world, Path(snapshot), model
         self.fault, self.spans_nodes, self.attention_backend = fault, spans_nodes, attention_backend
         self.done, self.total, self.bytes_read = 0, 0, 0
+        self.process = process
+        self.weights_kib = 0
+        self.memory: node_memory.NodeMemory | None = None
 
     def progress(self) -> tuple[int, int, int]:
         return self.done, self.total, self.bytes_read
+
+    def _track(self, kib: float, force: bool = False, phase: str = "weights") -> None:
+        # Created at the first load step, in the process that loads: its pid is the one recorded.
+        if self.memory is None:
+            self.memory = node_memory.NodeMemory(node_memory.consumer_name(self.rank), self.process,
+                                                 rank=self.rank)
+        self.memory.update(kib, force=force, phase=phase)
+
+    def release_memory(self) -> None:
+        """Free this rank's unified memory on its node (called before the actor is killed)."""
+        if self.memory is not None:
+            self.memory.release()
 
     def _fail(self, exc: BaseException) -> None:
         # vllm/worker/worker_base.py execute_method: logger.exception(...) then re-raise.
@@ -219,12 +240,20 @@ class RayWorkerWrapper:
         desc = "Loading safetensors checkpoint shards"
         show = self.rank == 0
         last_print = -1.0
+        self._track(0, force=True)
         t0 = time.monotonic()
         if show:
             sys.stderr.write(bar_line(desc, 0, self.total, 0.0))
             sys.stderr.flush()
             last_print = t0
         share_total = 0
+        data_read = 0
+
+        def weights_kib() -> float:  # the share so far of what "Model loading took" will report
+            if weights_gib is None:
+                return self.bytes_read / 1024
+            return weights_gib * 2**20 * min(1.0, data_read / max(1, share_total))
+
         for name in files:
             with open(self.snapshot / name, "rb") as f:
                 header = int.from_bytes(f.read(8), "little")
@@ -249,10 +278,12 @@ class RayWorkerWrapper:
                         break
                     left -= len(chunk)
                     self.bytes_read += len(chunk)
+                    data_read += len(chunk)
                     # pace: bytes so far may not run ahead of mbps
                     ahead = self.bytes_read / (mbps * 1e6) - (time.monotonic() - start)
                     if ahead > 0:
                         time.sleep(ahead)
+                    self._track(weights_kib())  # once paced: memory grows as the emulated read does
                     done_pct = 100.0 * (self.bytes_read / max(1, share_total))
                     if crash_at is not None and done_pct >= crash_at:
                         raise RuntimeError(f"spark-lab injected fault: worker rank {self.rank} crashed at "
@@ -268,6 +299,7 @@ class RayWorkerWrapper:
                     if self.fault == "hang" and done_pct >= 50:
                         threading.Event().wait()
             self.done += 1
+            self._track(weights_kib())
             now = time.monotonic()
             if show and (now - last_print >= 0.1 or self.done == self.total):
                 sys.stderr.write(bar_line(desc, self.done, self.total, now - t0))
@@ -276,6 +308,8 @@ class RayWorkerWrapper:
         if show:  # tqdm's close: the last state again, then a blank line
             sys.stderr.write(bar_line(desc, self.done, self.total, time.monotonic() - t0) + "\n")
             sys.stderr.flush()
+        self.weights_kib = int(weights_kib())
+        self._track(self.weights_kib, force=True)
         took = time.monotonic() - start
         log("INFO", "default_loader.py:385", f"Loading weights took {took:.2f} seconds")
         gib = weights_gib if weights_gib is not None else self.bytes_read / 2**30
@@ -283,7 +317,8 @@ class RayWorkerWrapper:
             f"{time.monotonic() - start:.6f} seconds")
         return {"rank": self.rank, "bytes": self.bytes_read, "seconds": took}
 
-    def compile_and_profile(self, max_model_len: int) -> float:
+    def compile_and_profile(self, max_model_len: int, gpu_memory_utilization: float = 0.9,
+                            kv_cache_memory_bytes: str | None = None) -> float:
         cache = os.path.expanduser(f"~/.cache/vllm/torch_compile_cache/5f1e3a9b2c/rank_{self.rank}_0/backbone")
         log("INFO", "backends.py:1052", f"Using cache directory: {cache} for vLLM's torch.compile")
         log("INFO", "backends.py:1112", "Dynamo bytecode transform time: 4.12 s")
@@ -298,7 +333,23 @@ class RayWorkerWrapper:
             raise e
         kv = 41.37
         log("INFO", "gpu_worker.py:437", f"Available KV cache memory: {kv} GiB")
+        self._hold_kv_cache(gpu_memory_utilization, kv_cache_memory_bytes)
         return kv
+
+    def _hold_kv_cache(self, utilization: float, kv_cache_memory_bytes: str | None) -> None:
+        # vLLM then allocates the KV cache: on unified memory the rank ends up holding
+        # utilization × the whole memory, weights included, or weights + the KV bytes asked for.
+        if self.memory is None or not self.memory.active:
+            return
+        kv_bytes = node_memory.parse_bytes(kv_cache_memory_bytes)
+        total = self.memory.total_kib()
+        if kv_bytes is not None:
+            held = self.weights_kib + kv_bytes // 1024
+        elif total is not None:
+            held = max(self.weights_kib, int(utilization * total))
+        else:
+            return
+        self._track(held, force=True, phase="kv-cache")
 
 
 # --------------------------------------------------------------------------- engine
@@ -327,6 +378,7 @@ class Engine:
         self.pg: Any = None
         self.workers: list[Any] = []
         self.ray_up = False
+        self.local_worker: RayWorkerWrapper | None = None
         self.on_signal: Any = None
         self.max_len = 8192
         self.t_init = time.monotonic()
@@ -404,6 +456,7 @@ class Engine:
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("VLLM_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_", "SPARK_LAB_"))}
         env.pop("VLLM_HOST_IP", None)
+        env.pop("VLLM_API_KEY", None)  # only the API server needs it; keep it out of Ray's task specs
         self.workers = [
             cls.options(num_cpus=0, num_gpus=1, max_concurrency=2, runtime_env={"env_vars": env},
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -444,17 +497,20 @@ class Engine:
             PREFIX.wait_for("Model loading took", world, 7.0)  # Ray forwards worker lines a moment later
             if self.fault == "silent-death":
                 os._exit(137)
-            self._ray_call("compile_and_profile", self.max_len)
+            self._ray_call("compile_and_profile", self.max_len, args.gpu_memory_utilization,
+                           args.kv_cache_memory_bytes)
             PREFIX.wait_for("Available KV cache memory", world, 7.0)
         else:
             worker = RayWorkerWrapper(0, 1, str(self.snapshot), args.model, self.fault, False,
-                                      args.attention_backend)
+                                      args.attention_backend, process=node_memory.ENGINE_CORE)
+            self.local_worker = worker
             try:
                 worker.init_device = lambda: None  # type: ignore[method-assign]
                 worker.load_model(mbps, weights_gib)
                 if self.fault == "silent-death":
                     os._exit(137)
-                worker.compile_and_profile(self.max_len)
+                worker.compile_and_profile(self.max_len, args.gpu_memory_utilization,
+                                           args.kv_cache_memory_bytes)
             except RuntimeError as e:
                 raise EngineFailed(e) from e
         if self.fault == "kv-cache":
@@ -476,6 +532,8 @@ class Engine:
             f"{time.monotonic() - self.t_init:.2f} seconds")
 
     def shutdown(self) -> None:
+        if self.local_worker is not None:
+            self.local_worker.release_memory()
         if not self.ray_up:
             return
         import ray
@@ -483,6 +541,11 @@ class Engine:
         log("INFO", "ray_executor.py:120", "Shutting down Ray distributed executor. If you see error log from "
             "logging.cc regarding SIGTERM received, please ignore because this is the expected termination "
             "process in Ray.")
+        # ray.kill ends an actor without running its exit handlers: each frees its memory first.
+        with contextlib.suppress(Exception):
+            if self.workers:
+                ray.wait([w.release_memory.remote() for w in self.workers], num_returns=len(self.workers),
+                         timeout=5.0)
         for w in self.workers:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(w)
@@ -502,6 +565,14 @@ def _logo(model: str) -> None:
     art = ["       █     █     █▄   ▄█", f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VERSION}",
            f"  █▄█▀ █     █     █     █  model   {model}", "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀", ""]
     log("INFO", "utils.py:277", "\n".join(art))
+
+
+def api_keys(flag: str | list[str] | None, environ: dict[str, str] | None = None) -> list[str]:
+    """The keys the API server demands on /v1: `--api-key` if given, else $VLLM_API_KEY; empty ones
+    dropped (vLLM's `[key for key in (args.api_key or [envs.VLLM_API_KEY]) if key]`)."""
+    env = os.environ if environ is None else environ
+    given = [flag] if isinstance(flag, str) else list(flag or [])
+    return [k for k in (given or [env.get("VLLM_API_KEY")]) if k]
 
 
 def _fatal_traceback(exc: BaseException) -> None:
@@ -601,7 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         from spark_cluster.sim.vllm_api import TokenRate, serve_api
         log("INFO", "api_server.py:590", "Supported tasks: ['generate']")
         reserve.close()
-        server = serve_api(host, args.port, served, max_model_len=max_len, api_key=args.api_key,
+        server = serve_api(host, args.port, served, max_model_len=max_len,
+                           api_key=api_keys(args.api_key) or None,
                            max_num_seqs=args.max_num_seqs or 256,
                            rate=TokenRate(scale=float(os.environ.get("SPARK_LAB_RATE_SCALE", "1"))))
         log("INFO", "api_server.py:594", f"Starting vLLM server on http://{host}:{args.port}")

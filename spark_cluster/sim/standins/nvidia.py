@@ -6,10 +6,11 @@ codes 9 and 18). The -q layout follows 580-series output (keys padded to column 
 
 from __future__ import annotations
 
+import os
 import time
 
-from spark_cluster.sim.standins.common import Ctx, out
-from spark_cluster.sim.state import userspace_driver
+from spark_cluster.sim.standins.common import Ctx, is_root, out
+from spark_cluster.sim.state import gone_consumers, prune_gone_consumers, userspace_driver
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
 if TYPE_CHECKING:
@@ -49,6 +50,17 @@ def gpu_processes(state: dict[str, Any]) -> list[dict[str, Any]]:
             procs.append({"pid": c["pid"], "type": c.get("type", "C"), "name": c.get("process", name),
                           "mib": int(c["kib"]) // 1024})
     return procs
+
+
+def forget_ended(ctx: Ctx) -> None:
+    """The driver frees an ended process's memory: forget the consumers whose process is gone (a
+    SIGKILLed vLLM rank), so the node's meminfo stops counting them too. Only as root, and only
+    inside the node (hostname = node name), where the recorded pids are numbered as this process
+    numbers them; the host numbers them otherwise. Costs a /proc read per consumer when none is gone."""
+    if os.uname().nodename != ctx.paths.root.name or not is_root() or not gone_consumers(ctx.state):
+        return
+    with ctx.locked() as state:
+        prune_gone_consumers(state)
 
 
 def _now(state: dict[str, Any]) -> float:
@@ -250,6 +262,7 @@ def nvidia_smi(ctx: Ctx, argv: list[str]) -> int:
             "NVSMI also provides several management operations for changing the device state.\n\n"
             "Usage: nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...")
         return 0
+    forget_ended(ctx)
     state = ctx.state
     failed = driver_error(state)
     if failed:

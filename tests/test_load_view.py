@@ -1,0 +1,166 @@
+"""The weight-load view of `up`: ETA, per-node memory and weights, phases; lines, live panel, JSON."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from spark_cluster.load_view import LoadView, clock
+from spark_cluster.progress import Tracker
+from spark_cluster.serve import Progress, _note, node_of
+
+NODES = {"192.168.100.10": "spark-a", "192.168.100.11": "spark-b"}
+LOG = """\
+(APIServer pid=70) INFO 11-22 03:10:01 [utils.py:233] non-default args: {'model': 'spark-lab/tiny-moe'}
+(EngineCore pid=70) INFO 11-22 03:10:02 [ray_utils.py:441] No current placement group found. Creating a new placement group.
+(RayWorkerWrapper pid=91) INFO 11-22 03:10:03 [pynccl.py:111] vLLM is using nccl==2.27.7
+(RayWorkerWrapper pid=91) INFO 11-22 03:10:03 [gpu_model_runner.py:4736] Starting to load model spark-lab/tiny-moe...
+(RayWorkerWrapper pid=91) Loading safetensors checkpoint shards:  25% Completed | 2/8 [00:02<00:06,  1.00s/it]
+"""
+LOADED = """\
+(RayWorkerWrapper pid=91) INFO 11-22 03:10:11 [gpu_model_runner.py:4821] Model loading took 28.82 GiB memory and 8.1 seconds
+(RayWorkerWrapper pid=44, ip=192.168.100.11) INFO 11-22 03:10:11 [gpu_model_runner.py:4821] Model loading took 28.81 GiB memory and 8.2 seconds
+"""
+
+
+def fed(text: str, progress: Progress | None = None, at: float = 0.0) -> Progress:
+    tracker = Tracker() if progress is None else None
+    progress = progress or Progress(tracker.state)  # type: ignore[union-attr]
+    progress.elapsed = at
+    feeder = tracker or _TRACKERS[id(progress)]
+    _TRACKERS[id(progress)] = feeder
+    for event in feeder.feed(text):
+        _note(progress, event, "spark-a", NODES)
+    return progress
+
+
+_TRACKERS: dict[int, Tracker] = {}
+
+
+def loading() -> Progress:
+    """The bar appeared (0/8) at 10 s; 2/8 at 20 s."""
+    progress = fed(LOG.replace("25% Completed | 2/8", "0% Completed | 0/8"), at=10.0)
+    return fed(LOG.splitlines()[-1] + "\n", progress, at=20.0)
+
+
+def test_eta_follows_the_rate_of_the_shards_so_far() -> None:
+    progress = fed(LOG.replace("25% Completed | 2/8", "0% Completed | 0/8"), at=10.0)
+    assert progress.shards == (0, 8) and progress.shards_origin == (10.0, 0) and progress.eta_s is None
+    fed(LOG.splitlines()[-1] + "\n", progress, at=20.0)
+    assert progress.eta_s == 30.0  # 2 shards in 10 s, 6 to go
+    progress.bar = (8, 8)
+    assert progress.eta_s is None
+
+
+def test_a_log_replayed_from_its_start_has_no_eta_until_a_shard_more() -> None:
+    progress = fed(LOG, at=0.0)  # `up` again after Ctrl-C: the whole log in the first poll
+    assert progress.shards == (2, 8) and progress.shards_origin == (0.0, 2)
+    progress.elapsed = 30.0
+    assert progress.eta_s is None  # no shard since: no rate yet (not "0:00")
+    fed(LOG.replace("25% Completed | 2/8", "50% Completed | 4/8").splitlines()[-1] + "\n", progress, at=30.0)
+    assert progress.eta_s == 60.0
+    assert clock(30) == "0:30" and clock(3725) == "1:02:05"
+
+
+def test_each_node_is_credited_with_the_weights_its_ranks_loaded() -> None:
+    progress = fed(LOG, at=10.0)
+    fed(LOADED, progress, at=19.0)
+    assert progress.loaded_gib == {"spark-a": 28.82, "spark-b": 28.81}  # no ip: Ray's local node, the head
+    assert node_of("(RayWorkerWrapper pid=4, ip=10.9.9.9) x", NODES) == "10.9.9.9"
+    assert node_of("(EngineCore_DP0 pid=1) (RayWorkerWrapper pid=4, ip=192.168.100.11) ERROR x", NODES) == "spark-b"
+    assert node_of("INFO no prefix ip=192.168.100.11", NODES) is None
+
+
+def test_a_phase_seen_late_is_placed_before_the_later_one() -> None:
+    progress = fed(LOG, at=10.0)
+    late = "(RayWorkerWrapper pid=44, ip=192.168.100.11) INFO 11-22 03:10:03 [custom_all_reduce.py:93] " \
+           "Custom allreduce is disabled because this process group spans across nodes.\n"
+    progress.phase_times.pop("workers")
+    fed(late, progress, at=12.0)  # the worker's line arrives after the head's rank began to load
+    assert progress.phase_times["workers"] == progress.phase_times["weights"] == 10.0
+    assert [p for p, _ in progress.durations()] == ["engine-args", "ray", "workers", "weights"]
+
+
+def test_durations_and_resident_memory() -> None:
+    progress = fed(LOG, at=10.0)
+    fed(LOADED, progress, at=19.0)
+    progress.elapsed = 25.0
+    assert [p for p, _ in progress.durations()] == ["engine-args", "ray", "workers", "weights"]
+    assert dict(progress.durations())["weights"] == 15.0  # still running: until now
+    progress.memory_start_gib = {"spark-a": 6.0, "spark-b": 5.0}
+    progress.memory_gib = {"spark-a": 35.0, "spark-b": 4.0}
+    assert progress.resident_gib() == {"spark-a": 29.0, "spark-b": 0.0}
+
+
+def line_view() -> tuple[LoadView, io.StringIO]:
+    out = io.StringIO()
+    return LoadView(Console(file=out, force_terminal=False, width=200), ["spark-a", "spark-b"]), out
+
+
+def test_lines_say_each_phase_the_shards_with_eta_and_each_node_once() -> None:
+    view, out = line_view()
+    progress = fed(LOG.replace("25% Completed | 2/8", "0% Completed | 0/8"), at=10.0)
+    view.update(progress)
+    progress.memory_start_gib = {"spark-a": 6.0, "spark-b": 5.0}
+    progress.memory_gib = {"spark-a": 20.0, "spark-b": 19.0}
+    fed(LOG.splitlines()[-1] + "\n", progress, at=20.0)
+    view.update(progress)
+    view.update(progress)  # nothing new: no line
+    fed(LOADED, progress, at=21.0)
+    progress.bar = None
+    view.update(progress)
+    view.update(progress)
+    text = out.getvalue()
+    assert text.count("weights      shards 2/8 (25 %)  ETA 0:30  resident: spark-a +14.0 GiB, spark-b +14.0 GiB") == 1
+    assert text.count("spark-b holds 28.81 GiB of weights") == 1
+    assert text.index("engine-args") < text.index("ray") < text.index("workers") < text.index("shards 0/8 (0 %)")
+    assert text.index("shards 0/8 (0 %)") < text.index("shards 2/8") < text.index("spark-a holds")
+    assert text.count("weights      shards") == 2
+
+
+def test_the_live_panel_shows_phases_bar_eta_and_nodes() -> None:
+    progress = loading()
+    progress.memory_start_gib = {"spark-a": 6.0, "spark-b": 5.0}
+    progress.memory_gib = {"spark-a": 20.0, "spark-b": 19.0}
+    progress.expected_gib = 57.64
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=140, color_system=None)
+    view = LoadView(console, ["spark-a", "spark-b"])
+    console.print(view.render(progress))
+    text = out.getvalue()
+    assert "✓ engine-args" in text and "● weights" in text and "· compile" in text
+    assert "2/8 shards  25 %  ETA 0:30" in text
+    assert "spark-a" in text and "+14.0 GiB resident of ~57.64" in text
+    assert "ready" not in text.split("vLLM starting")[1].split("\n", 1)[1]
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict]] = []
+
+    def emit(self, event: str, **data: object) -> None:
+        self.seen.append((event, data))
+
+
+def test_json_events_come_in_the_log_order_with_eta_and_nodes() -> None:
+    events = Events()
+    view = LoadView(Console(file=io.StringIO(), force_terminal=False), ["spark-a", "spark-b"], events)
+    progress = loading()
+    view.update(progress)
+    view.update(progress)
+    fed(LOADED, progress, at=21.0)
+    view.update(progress)
+    kinds = [(e, d.get("phase")) for e, d in events.seen]
+    # Every phase begun, in order, even those that began and ended within one poll.
+    assert kinds[:5] == [("phase", "engine-args"), ("phase", "ray"), ("phase", "workers"), ("phase", "weights"),
+                         ("progress", "weights")]
+    assert len(events.seen) == 6  # the repeated poll added nothing
+    late = "(RayWorkerWrapper pid=44, ip=192.168.100.11) INFO 11-22 03:10:03 [pynccl.py:111] vLLM is using nccl\n"
+    progress.phase_times.pop("workers")
+    fed(late, progress, at=20.5)
+    view.update(progress)
+    assert [d["phase"] for e, d in events.seen if e == "phase"].count("workers") == 1  # not again, not backwards
+    first = events.seen[4][1]
+    assert first["shards_loaded"] == 2 and first["shards_total"] == 8 and first["eta_s"] == 30.0
+    assert events.seen[5][1]["loaded_gib"] == {"spark-a": 28.82, "spark-b": 28.81}
