@@ -183,18 +183,35 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
         events.emit("check", ok=True, seconds=round(report.seconds, 3))
         if until == "check":
             return 0
-        ui.stage(2, "ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
-        with ui.Waiting() as waiting:
-            result = bring_up(inv, fleet, restart=restart, progress=waiting.update)
-        ui.ray_summary(result.state, inv)
-        verb = "reused" if result.reused else f"started on {', '.join(result.started)}"
-        ui.console.print(f"  Ray {verb} in {result.seconds:.1f} s")
-        events.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
-                    nodes=[n.__dict__ for n in result.state.nodes])
+        if inv.cluster.executor == "mp":
+            _runtime_without_ray(inv, fleet, events)
+        else:
+            ui.stage(2, "ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
+            with ui.Waiting() as waiting:
+                result = bring_up(inv, fleet, restart=restart, progress=waiting.update)
+            ui.ray_summary(result.state, inv)
+            verb = "reused" if result.reused else f"started on {', '.join(result.started)}"
+            ui.console.print(f"  Ray {verb} in {result.seconds:.1f} s")
+            events.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
+                        nodes=[n.__dict__ for n in result.state.nodes])
         if plan is not None:
             _serve(fleet, plan, inventory, timeout_s, events)
         ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
+
+
+def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
+    """executor mp: vLLM joins its nodes itself; only a container runtime needs its containers."""
+    from .ray_cluster import start_containers
+
+    began = time.monotonic()
+    ui.stage(2, "runtime", "executor mp: vLLM's own multi-node mode, no Ray")
+    if inv.cluster.runtime == "container":
+        started = start_containers(inv, fleet)
+        ui.console.print(f"  container {'started on ' + ', '.join(started) if started else 'reused'} "
+                         f"({inv.cluster.image})")
+    events.emit("runtime", executor="mp", runtime=inv.cluster.runtime,
+                seconds=round(time.monotonic() - began, 3))
 
 
 def _serve(fleet, plan, inventory: str, timeout_s: float, events) -> None:  # noqa: ANN001
@@ -271,7 +288,7 @@ def watch(inventory: str, interval: float, restart_on_failure: bool, max_restart
         try:
             while count is None or refreshes < count:
                 began = time.monotonic()
-                data = collect_status(inv, fleet)
+                data = collect_status(inv, fleet, previous=data if "time" in data else None)
                 dashboard.show(data)
                 if supervisor is not None and not supervisor.tend(data):
                     return 1
@@ -362,14 +379,15 @@ def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
 @click.option("-n", "--lines", default=50, show_default=True, help="How many last lines first.")
 def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int:
-    """The head's vLLM log (or a worker's Ray log), as `tail [-f]` on the node would show it."""
+    """The head's vLLM log (a worker's: its Ray log, or its vLLM log with executor mp), as `tail [-f]`."""
     from .facts_probe import remote_path
     from .ray_plan import state_dir
 
     inv = load_inventory(inventory)
     spec = inv.node(node_name) if node_name else inv.head
     directory = state_dir(inv.cluster.name)
-    path = remote_path(f"{directory}/{'vllm.log' if spec.is_head and inv.model else 'ray.log'}")
+    vllm_here = inv.model is not None and (spec.is_head or inv.cluster.executor == "mp")
+    path = remote_path(f"{directory}/{'vllm.log' if vllm_here else 'ray.log'}")
     with fleet_for(inv, only=spec.name) as fleet:
         node = fleet.node(spec.name)
         first = node.run(f"tail -n {int(lines)} {path}; wc -l < {path}", timeout=30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 from .serve import api_key, http, unauthorized_hint
 from .serve_plan import ServePlan
@@ -29,11 +30,30 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
+RATE_WINDOW_S = 1.0  # `status` alone: two /metrics samples at least this far apart
+
+
+def throughput(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Prompt and generation tokens per second between two samples of vLLM's counters (pure).
+    A counter that went down (vLLM restarted in between) gives no figure."""
+    rates = {}
+    for counter, key in (("prompt_tokens_total", "prompt_tokens_per_s"),
+                         ("generation_tokens_total", "generation_tokens_per_s")):
+        if seconds > 0 and counter in before and counter in after and after[counter] >= before[counter]:
+            rates[key] = round((after[counter] - before[counter]) / seconds, 1)
+    return rates
+
+
+def _metrics(plan: ServePlan) -> dict[str, float] | None:
+    code, text = http(f"{plan.endpoint.removesuffix('/v1')}/metrics")
+    return parse_metrics(text) if code == 200 else None
+
+
 def vllm_health(plan: ServePlan) -> dict[str, object]:
     base = plan.endpoint.removesuffix("/v1")
+    metrics_code, metrics = http(f"{base}/metrics")
     code, _ = http(f"{base}/health")
     models_code, models = http(f"{plan.endpoint}/models", key=api_key(plan))
-    metrics_code, metrics = http(f"{base}/metrics")
     serves = models_code == 200 and f'"{plan.served_model_name}"' in models
     return {
         "endpoint": plan.endpoint,
@@ -74,9 +94,22 @@ def parse_node(stdout: str) -> dict[str, object]:
     }
 
 
-def collect_status(inventory, fleet) -> dict[str, object]:  # noqa: ANN001 - Inventory, Fleet
-    """Every layer at once: each node, Ray's view, vLLM's endpoints."""
+def collect_status(inventory, fleet, previous: dict | None = None) -> dict[str, object]:  # noqa: ANN001
+    """Every layer at once: each node, Ray's view, vLLM's endpoints.
+
+    Throughput comes from two samples of vLLM's counters: `previous` (watch's last snapshot)
+    and now, or, without one, a sample taken first and another at least RATE_WINDOW_S later.
+    """
     from .ray_cluster import query_state
+
+    plan = None
+    first: tuple[float, dict[str, float] | None] | None = None
+    if inventory.model is not None:
+        from .serve_plan import serve_plan
+
+        plan = serve_plan(inventory)
+        if previous is None:
+            first = (time.monotonic(), _metrics(plan))
 
     def node_status(node) -> dict[str, object]:  # noqa: ANN001 - Node
         spec = inventory.node(node.name)
@@ -91,17 +124,31 @@ def collect_status(inventory, fleet) -> dict[str, object]:  # noqa: ANN001 - Inv
         else:
             nodes[name] = {"reachable": True, "error": None, **value}
     head_ok = nodes[inventory.head.name]["reachable"]
-    state = query_state(inventory, fleet.node(inventory.head.name)) if head_ok else None
-    healthy = all(n["reachable"] for n in nodes.values()) and state is not None and state.healthy(inventory)
-    data: dict[str, object] = {
-        "cluster": inventory.cluster.name, "healthy": healthy, "nodes": nodes,
-        "ray": state.as_dict() if state else {"reachable": False, "error": "head unreachable"}}
-    if inventory.model is not None:
+    reachable = all(n["reachable"] for n in nodes.values())
+    if inventory.cluster.executor == "mp":  # vLLM joins its nodes itself: there is no Ray to ask
+        healthy = reachable
+        ray: dict[str, object] = {"used": False, "reachable": False, "nodes": [],
+                                  "error": "not used (executor mp)"}
+    else:
+        state = query_state(inventory, fleet.node(inventory.head.name)) if head_ok else None
+        healthy = reachable and state is not None and state.healthy(inventory)
+        ray = {"used": True, **(state.as_dict() if state else {"reachable": False, "error": "head unreachable"})}
+    data: dict[str, object] = {"cluster": inventory.cluster.name, "healthy": healthy, "nodes": nodes, "ray": ray}
+    data["time"] = round(time.time(), 3)
+    if plan is not None:
         from .facts_probe import remote_path
-        from .serve_plan import serve_plan
 
-        plan = serve_plan(inventory)
+        if first is not None and first[1]:
+            time.sleep(max(0.0, RATE_WINDOW_S - (time.monotonic() - first[0])))
+        sampled = time.monotonic()  # vllm_health reads /metrics first
         vllm = vllm_health(plan)
+        if first is not None and first[1]:
+            vllm["throughput"] = throughput(first[1], vllm["metrics"], sampled - first[0])
+        elif previous and (previous.get("vllm") or {}).get("metrics"):
+            vllm["throughput"] = throughput(previous["vllm"]["metrics"], vllm["metrics"],
+                                            data["time"] - previous.get("time", data["time"]))
+        else:
+            vllm["throughput"] = {}
         # Started by `up` (its pid file is there) or answering: then it must be healthy. Never
         # started (`up --until ray`) is said as such and does not make the cluster unhealthy.
         started = head_ok and fleet.node(inventory.head.name).run(

@@ -25,6 +25,7 @@ from .ray_plan import (
     docker_run,
     non_carry_over_file,
     plan,
+    plan_node,
     state_dir,
 )
 from .remote import Fleet, Node
@@ -325,6 +326,31 @@ def _wait(inventory: Inventory, head: Node, done: Callable[[RayState], bool], de
                      f"likely cause: {likely_cause(tail)}\n    last lines of its Ray log:\n"
                      + "\n".join(f"      {line}" for line in tail.strip().splitlines()[-10:]))
     raise RayError("Ray did not come up:\n  " + "\n  ".join(lines or [state.error or "no answer"]))
+
+
+def start_containers(inventory: Inventory, fleet: Fleet) -> list[str]:
+    """executor mp on the container runtime: the cluster's container on every node, idle until
+    vLLM is `docker exec`ed into it (no Ray). One already running is kept. Returns where it started."""
+    name = container_name(inventory)
+
+    def one(node: Node) -> bool:
+        if node.run(f"docker ps -q --filter name=^{name}$ | grep -q .", timeout=30).ok:
+            return False
+        spec = inventory.node(node.name)
+        idle = RayNodePlan(spec.name, spec.is_head, str(spec.link_address),
+                           {k: v for k, v in plan_node(inventory, spec).env.items() if not k.startswith("RAY_")},
+                           "exec sleep infinity")
+        node.run(_stop_container(inventory), timeout=60)
+        result = node.run(docker_run(inventory, idle), timeout=120)
+        if not result.ok:
+            raise RayError(f"{node.name}: the container did not start: "
+                           f"{result.tail('stderr', 5) or result.tail('stdout', 5)}")
+        return True
+
+    outcomes = fleet.map(one)
+    for node_name, error in outcomes.failed.items():
+        raise error if isinstance(error, SparkClusterError) else RayError(f"{node_name}: {error}")
+    return [n for n, started in outcomes.items() if started is True]
 
 
 def tear_down(inventory: Inventory, fleet: Fleet) -> dict[str, str | Exception]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .errors import SparkClusterError
 from .facts_probe import remote_path
-from .progress import PHASES, Event, State, Tracker, parse_line
+from .progress import PHASES, Event, State, Tracker, parse_line, track
 from .remote import Fleet, Node
 from .serve_plan import NodeCommand, ServePlan
 from .session import stop_session_command
@@ -280,6 +280,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             rest = _settle(head, log, lines_done)
             tracker.feed(rest)
             text.append(rest)
+            _raise_worker_failure(fleet, plan)
             raise ServeError(_diagnosis(plan, tracker.state, _failed_node(text, nodes_by_ip)))
         if state.phase in ("api-server", "ready"):
             problem = readiness(plan)
@@ -294,6 +295,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             tail = head.run(f"tail -n +{lines_done + 1} {log}", timeout=30).stdout
             tracker.feed(tail)
             text.append(tail)
+            _raise_worker_failure(fleet, plan)
             if tracker.state.outcome == "failed":
                 raise ServeError(_diagnosis(plan, tracker.state, _failed_node(text, nodes_by_ip)))
             raise ServeError(
@@ -334,6 +336,21 @@ def node_of(line: str, nodes_by_ip: dict[str, str] | None) -> str | None:
     return (nodes_by_ip or {}).get(match[1], match[1]) if match else None
 
 
+def _raise_worker_failure(fleet: Fleet, plan: ServePlan) -> None:
+    """executor mp: a worker node's ranks log to that node's own file, and the head only learns
+    that they are gone. The first worker log that failed names the node, the cause and the line."""
+    for command in plan.commands:
+        if command.is_head:
+            continue
+        try:
+            text = fleet.node(command.node).run(f"tail -n 400 {_log(command)}", timeout=30).stdout
+        except SparkClusterError:
+            continue  # unreachable now: the head's own account is what there is
+        state = track(text)
+        if state.outcome == "failed":
+            raise ServeError(_diagnosis(plan, state, command.node, command.log_path))
+
+
 def _settle(head: Node, log: str, lines_done: int, deadline_s: float = 5.0) -> str:
     """The log's lines after `lines_done`, once it has stopped growing (or the deadline)."""
     end = time.monotonic() + deadline_s
@@ -356,16 +373,19 @@ def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None) -> str | N
     return None
 
 
-def _diagnosis(plan: ServePlan, state: State, failed_node: str | None = None) -> str:
+def _diagnosis(plan: ServePlan, state: State, failed_node: str | None = None,
+               log_path: str | None = None) -> str:
     from .diagnose import NEXT_STEP
 
     cause = state.cause or "other"
     evidence = state.evidence or state.last_line or "-"
     node = failed_node or plan.head.node
+    # With Ray a worker's lines reach the head's log; with mp each node has its own.
+    where = f"{log_path} on {node}" if log_path else f"{plan.head.log_path} on {plan.head.node}"
     return (f"vLLM failed during {state.phase or 'start'} on {node}: {cause}\n"
             f"  evidence: {evidence}\n"
             f"  next step: {NEXT_STEP.get(cause, 'read the log: spark-cluster logs')}\n"
-            f"  log: {plan.head.log_path} on {node}")
+            f"  log: {where}")
 
 
 def log_tail(fleet: Fleet, plan: ServePlan, lines: int = 50) -> str:

@@ -215,11 +215,14 @@ def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
             line = f"unreachable: {node['error']}"
         console.print(Text(f"{name:<10} ", style="bold") + Text(line, style="green" if node["reachable"] else "red"))
     ray = data["ray"]
-    if not ray["reachable"]:
+    if not ray.get("used", True):
+        console.print(Text("ray ", style="bold") + Text("not used (executor mp)", style="dim"))
+    elif not ray["reachable"]:
         console.print(Text(f"ray: not running ({ray.get('error', '')})", style="red"))
         vllm_status(data)
         return
-    console.print(Text(f"ray {ray['version']}", style="bold"))
+    else:
+        console.print(Text(f"ray {ray['version']}", style="bold"))
     names = {str(s.link_address): s.name for s in inventory.nodes}
     for node in ray["nodes"]:
         style = "green" if node["alive"] else "red"
@@ -286,7 +289,7 @@ def vllm_status(data: dict) -> None:
         style=style))
     if vllm.get("error"):
         console.print(Text(f"  {vllm['error']}", style="red"))
-    metrics = vllm["metrics"]
+    metrics = {**vllm["metrics"], **(vllm.get("throughput") or {})}
     if metrics:
         console.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
 
@@ -334,7 +337,8 @@ class Dashboard:
             ray = alive.get(str(spec.link_address))
             table.add_row(spec.name, f"{node['memory_used_gib']} / {node['memory_available_gib']} GiB",
                           f"{node['gpu_temperature_c']} C {node['gpu_power_w']} W", " ".join(node["links"]),
-                          Text("alive" if ray else "down", style="green" if ray else "red"))
+                          Text("alive" if ray else "down", style="green" if ray else "red")
+                          if data["ray"].get("used", True) else Text("-", style="dim"))
         parts = [table, Text(summary_line(data))]
         parts += [Text(line, style="yellow") for line in self._events]
         self._live.update(Group(*parts))
@@ -345,11 +349,15 @@ def summary_line(data: dict) -> str:
     reachable = sum(1 for n in nodes if n["reachable"])
     alive = sum(1 for n in data["ray"].get("nodes", []) if n["alive"])
     line = (f"{time.strftime('%H:%M:%S')} {'healthy' if data['healthy'] else 'NOT healthy'}: "
-            f"nodes {reachable}/{len(data['nodes'])} reachable, ray {alive} alive")
+            f"nodes {reachable}/{len(data['nodes'])} reachable"
+            + (f", ray {alive} alive" if data["ray"].get("used", True) else ""))
     vllm = data.get("vllm")
     if vllm is not None:
         metrics = vllm["metrics"]
+        rates = vllm.get("throughput") or {}
         line += (f", vllm /health {vllm['health'] or '-'}, running {metrics.get('requests_running', 0):g}"
                  f" waiting {metrics.get('requests_waiting', 0):g} kv {metrics.get('kv_cache_usage', 0):g}"
-                 f" generated {metrics.get('generation_tokens_total', 0):g} tokens")
+                 f" generated {metrics.get('generation_tokens_total', 0):g} tokens"
+                 + (f" ({rates.get('prompt_tokens_per_s', 0):g} prompt, "
+                    f"{rates.get('generation_tokens_per_s', 0):g} generation tok/s)" if rates else ""))
     return line

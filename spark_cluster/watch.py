@@ -54,6 +54,8 @@ class Supervisor:
         self.log(f"vLLM is not running: restart {self.restarts}/{self.max_restarts} in {wait} s")
         time.sleep(wait)
         try:
+            # What is left of the dead start (an mp worker node's process) would block the new one.
+            serve.stop(self.fleet, self.plan)
             serve.start(self.fleet, self.plan)
             progress = serve.follow(self.fleet, self.plan, lambda p: None, timeout_s=self.timeout_s)
         except SparkClusterError as exc:

@@ -10,11 +10,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from lab_cli import LAB_MARKS, REPO, cli
 
 from spark_cluster.cli import main
 from spark_cluster.errors import ConnectError, LabError
@@ -26,22 +26,7 @@ from spark_cluster.sim import netns
 from spark_cluster.sim.breakage import break_node, heal_node
 from spark_cluster.sim.layout import LAB_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
-]
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "spark_cluster", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
+pytestmark = LAB_MARKS
 
 
 @pytest.fixture(scope="module")

@@ -5,23 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from lab_cli import LAB_MARKS, cli
 
 from spark_cluster.sim import lab as simlab
 from spark_cluster.sim.breakage import break_node, heal_node
 from spark_cluster.sim.layout import NodePaths
 
-REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
-]
+pytestmark = LAB_MARKS
 
 # lab fault -> (finding id, severity) that scripts may rely on (issue "Preflight checks").
 EXPECTED = {
@@ -34,11 +28,6 @@ EXPECTED = {
     "disk-full": ("disk.full", "blocker"),
     "clock-skew": ("clock.skew", "warning"),
 }
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
 
 
 def check(inventory: Path) -> tuple[int, dict]:

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from lab_cli import LAB_MARKS, cli, on_node
 
 from spark_cluster.sim import lab as simlab
 
-REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
-]
-
-
-def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
+pytestmark = LAB_MARKS
 
 
 def status(inventory: Path) -> tuple[int, dict]:
@@ -34,10 +22,6 @@ def status(inventory: Path) -> tuple[int, dict]:
 
 def alive(report: dict) -> dict[str, float]:
     return {n["ip"]: n["gpus"] for n in report["ray"]["nodes"] if n["alive"]}
-
-
-def on_node(inventory: Path, node: str, command: str) -> subprocess.CompletedProcess[str]:
-    return cli("exec", str(inventory), "--node", node, "--", command, timeout=60)
 
 
 def poll(predicate, deadline_s: float, interval_s: float = 1.0):  # noqa: ANN001, ANN201

@@ -429,3 +429,31 @@ def test_ready_event_and_shutdown() -> None:
     assert not s.thread.is_alive() or (s.thread.join(2) or not s.thread.is_alive())
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "/health", timeout=2)
+
+
+def test_periodic_stats_line_as_vllm_logs_it_when_busy_only() -> None:
+    import re
+
+    from spark_cluster.progress import parse_line
+
+    lines: list[str] = []
+    s = serve_api("127.0.0.1", 0, MODEL, rate=FAST, stats_log=lines.append, stats_interval=0.3)
+    try:
+        idle_until = time.monotonic() + 1.0  # three intervals
+        while time.monotonic() < idle_until and not lines:
+            time.sleep(0.05)
+        assert lines == []  # idle: vLLM logs nothing at INFO
+        code, _ = post(s.url + "/v1/completions", {"model": MODEL, "prompt": "hello there", "max_tokens": 20})
+        assert code == 200
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not lines:
+            time.sleep(0.05)
+    finally:
+        s.shutdown()
+    assert lines, "no stats line within 5 s of a request"
+    line = lines[0]
+    assert re.fullmatch(r"Engine 000: Avg prompt throughput: \d+\.\d tokens/s, Avg generation throughput: "
+                        r"\d+\.\d tokens/s, Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: "
+                        r"\d+\.\d%, Prefix cache hit rate: \d+\.\d%", line), line
+    assert float(line.split("Avg generation throughput: ")[1].split()[0]) > 0
+    assert parse_line(f"INFO 11-22 03:30:00 [loggers.py:257] {line}") is None  # not a phase, not a failure

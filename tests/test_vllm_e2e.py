@@ -15,21 +15,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from lab_cli import LAB_MARKS, REPO, cli
 
 from spark_cluster.sim import lab as simlab
 
-REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
-]
-
-
-def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL,
-                          env={**os.environ, **(env or {})})
+pytestmark = LAB_MARKS
 
 
 def with_fault(inventory: Path, tmp_path: Path, fault: str) -> Path:

@@ -47,7 +47,7 @@ import uuid
 import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -157,6 +157,7 @@ class _Metrics:
 
     def __init__(self, model: str, max_model_len: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.model = model
         labels = ["model_name", "engine"]
         values = {"model_name": model, "engine": "0"}
         r = self.registry
@@ -205,6 +206,38 @@ class _Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def total(self, name: str) -> float:
+        return self.registry.get_sample_value(name, {"model_name": self.model, "engine": "0"}) or 0.0
+
+
+class _StatLogger(threading.Thread):
+    """vLLM's LoggingStatLogger: every VLLM_LOG_STATS_INTERVAL seconds, one line of throughput and
+    load, at INFO only when the engine was not idle (idle intervals go to DEBUG: not printed)."""
+
+    def __init__(self, engine: "_Engine", log: Callable[[str], None], interval: float) -> None:
+        super().__init__(name="vllm-stat-logger", daemon=True)
+        self.engine, self.log, self.interval = engine, log, interval
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        m = self.engine.metrics
+        last = (m.total("vllm:prompt_tokens_total"), m.total("vllm:generation_tokens_total"))
+        started = time.monotonic()
+        while not self.done.wait(self.interval):
+            now = (m.total("vllm:prompt_tokens_total"), m.total("vllm:generation_tokens_total"))
+            spent = max(time.monotonic() - started, 1e-9)
+            prompt, generation = ((b - a) / spent for a, b in zip(last, now))
+            last, started = now, time.monotonic()
+            engine = self.engine
+            if not (prompt or generation or engine.running or engine.waiting):
+                continue
+            queries = m.total("vllm:prefix_cache_queries_total")
+            hit = 100.0 * m.total("vllm:prefix_cache_hits_total") / queries if queries else 0.0
+            kv = 100.0 * min(1.0, engine.kv_tokens / engine.kv_cache_tokens)
+            self.log(f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, Avg generation throughput: "
+                     f"{generation:.1f} tokens/s, Running: {engine.running} reqs, Waiting: {engine.waiting} reqs, "
+                     f"GPU KV cache usage: {kv:.1f}%, Prefix cache hit rate: {hit:.1f}%")
 
 
 # --------------------------------------------------------------------------- engine
@@ -351,8 +384,12 @@ class VllmApiServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
+    stat_logger: _StatLogger | None = None
+
     def shutdown(self) -> None:
         """Stop serving, abort requests in flight and close the socket."""
+        if self.stat_logger is not None:
+            self.stat_logger.done.set()
         with self.engine.cond:
             self.engine.stopping = True
             self.engine.cond.notify_all()
@@ -644,12 +681,16 @@ def serve_api(
     answer_tokens: int = 16,
     version: str = "0.19.0",
     error_style: Literal["nested", "flat"] = "nested",
+    stats_log: Callable[[str], None] | None = None,
+    stats_interval: float = 10.0,
 ) -> VllmApiServer:
     """Start the double on (host, port) (port 0: any free one; see `.server_address` / `.url`).
 
     Returns the running server; its serving thread is a daemon. `ready` is set once it accepts
     connections. `kv_cache_tokens` (default 8 × max_model_len) is the KV capacity behind
     vllm:kv_cache_usage_perc; `max_num_seqs` running requests at most, the rest wait.
+    `stats_log` receives vLLM's periodic throughput line every `stats_interval` seconds
+    (VLLM_LOG_STATS_INTERVAL) when the engine was busy.
     """
     if error_style not in ("nested", "flat"):
         raise ValueError(f"error_style must be 'nested' or 'flat', not {error_style!r}")
@@ -669,6 +710,9 @@ def serve_api(
     server.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                      name=f"vllm-api-{server.server_address[1]}", daemon=True)
     server.thread.start()
+    if stats_log is not None:
+        server.stat_logger = _StatLogger(server.engine, stats_log, stats_interval)
+        server.stat_logger.start()
     if ready is not None:
         ready.set()
     return server

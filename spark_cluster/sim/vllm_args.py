@@ -20,7 +20,8 @@ DTYPES = ("auto", "bfloat16", "float", "float16", "float32", "half")
 # (dest, default) pairs whose non-default values appear in the `non-default args:` dump.
 DESCRIPTION = (
     "TEST DOUBLE of vLLM 0.19.0 for spark-cluster's lab: it parses `vllm serve` arguments, builds a Ray "
-    "placement group as vLLM's Ray executor does, reads a small real safetensors checkpoint, prints vLLM's "
+    "placement group as vLLM's Ray executor does (or joins --nnodes nodes as its mp executor does, "
+    "--headless on node ranks > 0), reads a small real safetensors checkpoint, prints vLLM's "
     "log lines and serves an OpenAI-compatible API with a model of the engine. It is not vLLM and runs no model."
 )
 

@@ -1,0 +1,155 @@
+"""`status`: each node, Ray (unless executor mp), vLLM's own endpoints; with and without an API key."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from spark_cluster import health, ui
+from spark_cluster.inventory import load_inventory
+from spark_cluster.remote import Fleet, Result
+
+REPO = Path(__file__).resolve().parents[1]
+SIM = load_inventory(REPO / "inventories" / "sim.yaml")
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="spark-lab/tiny-moe"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="spark-lab/tiny-moe"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="spark-lab/tiny-moe"} 0.25
+vllm:generation_tokens_total{engine="0",model_name="spark-lab/tiny-moe"} 300.0
+vllm:generation_tokens_total{engine="1",model_name="spark-lab/tiny-moe"} 12.0
+vllm:time_to_first_token_seconds_bucket{le="0.001"} 0.0
+"""
+NODE_ANSWER = "127601228 123731620 \n36, 4.32\nup up\n"
+RAY_ANSWER = {"version": "2.60.0", "nodes": [
+    {"ip": "192.168.100.10", "state": "ALIVE", "head": True, "gpus": 1, "message": ""},
+    {"ip": "192.168.100.11", "state": "ALIVE", "head": False, "gpus": 1, "message": ""}]}
+
+
+class FakeNode:
+    def __init__(self, name: str, ray: dict | None = None) -> None:
+        self.name, self.ray, self.commands = name, ray or RAY_ANSWER, []
+
+    def run(self, command: str, **_: object) -> Result:
+        self.commands.append(command)
+        if "/proc/meminfo" in command:
+            out = NODE_ANSWER
+        elif "api/v0/nodes" in command:
+            out = json.dumps(self.ray)
+        else:  # the vLLM pid file is there: `up` started it
+            out = ""
+        return Result(self.name, command, out, "", 0, 0.01)
+
+    def close(self) -> None:
+        pass
+
+
+def answers(models: int = 200) -> dict[str, tuple[int, str]]:
+    base = "http://10.117.0.11:8000"
+    return {f"{base}/health": (200, ""), f"{base}/metrics": (200, METRICS),
+            f"{base}/v1/models": (models, '{"data": [{"id": "spark-lab/tiny-moe"}]}' if models == 200
+                                  else '{"error": "Unauthorized"}')}
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch):
+    seen: list[tuple[str, str | None]] = []
+
+    def fake_http(url: str, body: dict | None = None, key: str | None = None) -> tuple[int, str]:
+        seen.append((url, key))
+        return state["answers"][url]
+
+    state = {"answers": answers(), "seen": seen}
+    monkeypatch.setattr(health, "http", fake_http)
+    monkeypatch.setattr(health, "RATE_WINDOW_S", 0.05)
+    return state
+
+
+def test_metrics_are_summed_over_label_sets() -> None:
+    assert health.parse_metrics(METRICS) == {"requests_running": 2.0, "requests_waiting": 1.0,
+                                             "kv_cache_usage": 0.25, "generation_tokens_total": 312.0}
+
+
+def test_node_answer() -> None:
+    assert health.parse_node(NODE_ANSWER) == {"memory_used_gib": 3.7, "memory_available_gib": 118.0,
+                                              "gpu_temperature_c": 36.0, "gpu_power_w": 4.32,
+                                              "links": ["up", "up"]}
+    assert health.parse_node("")["memory_used_gib"] is None
+
+
+def test_every_layer_healthy_with_ray(served) -> None:
+    nodes = [FakeNode("spark-a"), FakeNode("spark-b")]
+    data = health.collect_status(SIM, Fleet(nodes))
+    assert data["healthy"] is True and data["ray"]["used"] is True
+    assert data["vllm"]["model"] == "spark-lab/tiny-moe" and data["vllm"]["metrics"]["requests_running"] == 2.0
+
+
+def test_a_dead_ray_node_makes_it_unhealthy(served) -> None:
+    dead = json.loads(json.dumps(RAY_ANSWER))
+    dead["nodes"][1]["state"] = "DEAD"
+    data = health.collect_status(SIM, Fleet([FakeNode("spark-a", dead), FakeNode("spark-b")]))
+    assert data["healthy"] is False and data["vllm"]["healthy"] is True
+
+
+def test_executor_mp_asks_no_ray_and_says_so(served) -> None:
+    mp = dataclasses.replace(SIM, cluster=dataclasses.replace(SIM.cluster, executor="mp"))
+    nodes = [FakeNode("spark-a"), FakeNode("spark-b")]
+    data = health.collect_status(mp, Fleet(nodes))
+    assert data["healthy"] is True and data["ray"]["used"] is False
+    assert not [c for n in nodes for c in n.commands if "api/v0/nodes" in c]
+    out = io.StringIO()
+    ui.console, saved = Console(file=out, width=200), ui.console
+    try:
+        ui.status_view(data, mp)
+    finally:
+        ui.console = saved
+    assert "ray not used (executor mp)" in out.getvalue() and out.getvalue().rstrip().endswith("healthy")
+    assert "ray" not in ui.summary_line(data).split("reachable")[1].split("vllm")[0]
+
+
+def test_the_api_key_is_sent_and_a_missing_one_is_named(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    keyed = dataclasses.replace(SIM, model=dataclasses.replace(SIM.model, api_key_env="SPARK_LAB_API_KEY"))
+    monkeypatch.setenv("SPARK_LAB_API_KEY", "sk-test")
+    health.collect_status(keyed, Fleet([FakeNode("spark-a"), FakeNode("spark-b")]))
+    assert ("http://10.117.0.11:8000/v1/models", "sk-test") in served["seen"]
+    assert ("http://10.117.0.11:8000/health", None) in served["seen"]  # /health is open: no key sent
+    monkeypatch.delenv("SPARK_LAB_API_KEY")
+    served["answers"] = answers(models=401)
+    data = health.collect_status(keyed, Fleet([FakeNode("spark-a"), FakeNode("spark-b")]))
+    assert data["healthy"] is False
+    assert data["vllm"]["error"] == "/v1/models answered 401: export SPARK_LAB_API_KEY=<the key> here"
+
+
+def test_throughput_between_two_samples() -> None:
+    before = {"prompt_tokens_total": 100.0, "generation_tokens_total": 50.0}
+    after = {"prompt_tokens_total": 300.0, "generation_tokens_total": 84.0}
+    assert health.throughput(before, after, 2.0) == {"prompt_tokens_per_s": 100.0, "generation_tokens_per_s": 17.0}
+    restarted = {"prompt_tokens_total": 3.0, "generation_tokens_total": 1.0}
+    assert health.throughput(before, restarted, 2.0) == {}  # counters went back: vLLM restarted
+    assert health.throughput(before, after, 0.0) == {}
+
+
+def test_status_alone_samples_the_counters_twice(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health, "RATE_WINDOW_S", 0.2)
+    calls = {"n": 0}
+    base = served["answers"]
+
+    def counting(url: str, body: dict | None = None, key: str | None = None) -> tuple[int, str]:
+        if url.endswith("/metrics"):
+            calls["n"] += 1
+            return 200, f"vllm:generation_tokens_total 100\nvllm:prompt_tokens_total {50 * calls['n']}\n"
+        return base[url]
+
+    monkeypatch.setattr(health, "http", counting)
+    data = health.collect_status(SIM, Fleet([FakeNode("spark-a"), FakeNode("spark-b")]))
+    rates = data["vllm"]["throughput"]
+    assert calls["n"] == 2 and rates["generation_tokens_per_s"] == 0.0
+    assert 50 / 0.4 < rates["prompt_tokens_per_s"] <= 50 / 0.2  # 50 tokens over a window of at least 0.2 s
+    again = health.collect_status(SIM, Fleet([FakeNode("spark-a"), FakeNode("spark-b")]), previous=data)
+    assert calls["n"] == 3 and again["vllm"]["throughput"]["prompt_tokens_per_s"] > 0  # watch: one sample each
