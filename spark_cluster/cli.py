@@ -169,6 +169,10 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     if dry_run and plan is not None:
         ui.console.out(plan.render())
         return 0
+    if plan is not None:
+        from .serve import secret_values
+
+        secret_values(plan.head)  # a key named but not set here: say so before anything starts
     started = time.monotonic()
     events = ui.JsonLines(enabled=as_json)
     with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, events:

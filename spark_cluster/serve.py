@@ -69,7 +69,7 @@ def secret_values(command: NodeCommand) -> str | None:
     for local in command.secrets.values():
         value = os.environ.get(local)
         if not value:
-            raise ServeError(f"model.api_key_env names {local}, which is not set here; nothing was started\n"
+            raise ServeError(f"model.api_key_env names {local}, which is not set here; vLLM was not started\n"
                              f"  hint: export {local}=<the key> in this shell and run again")
         if "\n" in value or "\r" in value:
             raise ServeError(f"the value of {local} holds a line break; an API key is one line")

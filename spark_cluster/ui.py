@@ -197,12 +197,17 @@ class Waiting:
 
 
 def ray_summary(state, inventory) -> None:  # noqa: ANN001 - RayState, Inventory
+    for node in state.as_dict()["nodes"]:
+        _ray_node_line(node, inventory)
+
+
+def _ray_node_line(node: dict, inventory) -> None:  # noqa: ANN001 - Inventory
+    """One node as Ray sees it (a RayNode as a dict): its name here, address, state, GPUs."""
     names = {str(s.link_address): s.name for s in inventory.nodes}
-    for node in state.nodes:
-        style = "green" if node.alive else "red"
-        console.print(Text(f"  {names.get(node.ip, '?'):<10} {node.ip:<16}", style=style)
-                      + Text(f"{'ALIVE' if node.alive else 'DEAD'}  {node.gpus:g} GPU"
-                             f"{'  head' if node.head else ''}  {node.message}"))
+    style = "green" if node["alive"] else "red"
+    console.print(Text(f"  {names.get(node['ip'], '?'):<10} {node['ip']:<16}", style=style)
+                  + Text(f"{'ALIVE' if node['alive'] else 'DEAD'}  {node['gpus']:g} GPU"
+                         f"{'  head' if node['head'] else ''}  {node['message']}"))
 
 
 def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
@@ -223,12 +228,8 @@ def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
         return
     else:
         console.print(Text(f"ray {ray['version']}", style="bold"))
-    names = {str(s.link_address): s.name for s in inventory.nodes}
     for node in ray["nodes"]:
-        style = "green" if node["alive"] else "red"
-        console.print(Text(f"  {names.get(node['ip'], '?'):<10} {node['ip']:<16}", style=style)
-                      + Text(f"{'ALIVE' if node['alive'] else 'DEAD'}  {node['gpus']:g} GPU"
-                             f"{'  head' if node['head'] else ''}  {node['message']}"))
+        _ray_node_line(node, inventory)
     vllm_status(data)
     console.print(Text("healthy" if data["healthy"] else "not healthy",
                        style="bold green" if data["healthy"] else "bold red"))

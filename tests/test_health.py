@@ -153,3 +153,19 @@ def test_status_alone_samples_the_counters_twice(served, monkeypatch: pytest.Mon
     assert 50 / 0.4 < rates["prompt_tokens_per_s"] <= 50 / 0.2  # 50 tokens over a window of at least 0.2 s
     again = health.collect_status(SIM, Fleet([FakeNode("spark-a"), FakeNode("spark-b")]), previous=data)
     assert calls["n"] == 3 and again["vllm"]["throughput"]["prompt_tokens_per_s"] > 0  # watch: one sample each
+
+
+def test_status_view_names_each_ray_node_and_says_healthy(served) -> None:
+    dead = json.loads(json.dumps(RAY_ANSWER))
+    dead["nodes"][1]["state"] = "DEAD"
+    data = health.collect_status(SIM, Fleet([FakeNode("spark-a", dead), FakeNode("spark-b")]))
+    out = io.StringIO()
+    ui.console, saved = Console(file=out, width=200), ui.console
+    try:
+        ui.status_view(data, SIM)
+    finally:
+        ui.console = saved
+    text = out.getvalue()
+    assert "  spark-a    192.168.100.10  ALIVE  1 GPU  head" in text
+    assert "  spark-b    192.168.100.11  DEAD  1 GPU" in text
+    assert text.rstrip().endswith("not healthy")

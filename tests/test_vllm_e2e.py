@@ -167,6 +167,7 @@ def test_container_runtime_with_an_api_key_from_the_environment(lab, tmp_path: P
         "  hf_cache: /root/.cache/huggingface\n", "  hf_cache: /root/.cache/huggingface\n  api_key_env: SPARK_LAB_API_KEY\n"))
     unset = cli("up", str(boxed))
     assert unset.returncode == 1 and "names SPARK_LAB_API_KEY, which is not set here" in unset.stderr
+    assert "[1] check" not in unset.stdout  # said before anything was checked or started
     done = cli("up", str(boxed), env={"SPARK_LAB_API_KEY": key})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ready: spark-lab/tiny-moe serves" in done.stdout
