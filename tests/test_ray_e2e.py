@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, on_node
+from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
 
 from spark_cluster.sim import lab as simlab
 
@@ -35,12 +35,7 @@ def poll(predicate, deadline_s: float, interval_s: float = 1.0):  # noqa: ANN001
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory):
-    inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
-    simlab.down()
-    simlab.up(2, inventory_out=inventory)
-    yield inventory
-    cli("down", str(inventory))
-    assert simlab.down() == []
+    yield from fresh_lab(tmp_path_factory)
 
 
 def test_up_until_ray_brings_both_nodes_up_on_the_link(lab) -> None:

@@ -15,9 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli
-
-from spark_cluster.sim import lab as simlab
+from lab_cli import LAB_MARKS, REPO, cli, fresh_lab
 
 pytestmark = LAB_MARKS
 
@@ -33,12 +31,7 @@ def with_fault(inventory: Path, tmp_path: Path, fault: str) -> Path:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory):
-    inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
-    simlab.down()
-    simlab.up(2, inventory_out=inventory)
-    yield inventory
-    cli("down", str(inventory))
-    assert simlab.down() == []
+    yield from fresh_lab(tmp_path_factory)
 
 
 def test_up_serves_the_model_within_90_seconds(lab) -> None:

@@ -19,16 +19,30 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from emulator_proc import EmulatorProcess, scratch_node
 
 from spark_cluster.sim import checkpoint
 from spark_cluster.sim.layout import NodePaths
-from spark_cluster.sim.node_memory import ENGINE_CORE, RAY_WORKER, NodeMemory, parse_bytes
+from spark_cluster.sim.node_memory import (
+    ENGINE_CORE,
+    RAY_WORKER,
+    NodeMemory,
+    parse_bytes,
+)
 from spark_cluster.sim.standins.nvidia import gpu_processes
 from spark_cluster.sim.state import (
-    GIB_KIB, MEM_TOTAL_KIB, add_consumer, healthy_state, load_state, locked_state, render, save_state,
-    write_wrappers,
+    GIB_KIB,
+    MEM_TOTAL_KIB,
+    add_consumer,
+    load_state,
+    locked_state,
 )
-from spark_cluster.sim.vllm_emulator import RayWorkerWrapper, api_keys, bar_line, resolve_model
+from spark_cluster.sim.vllm_emulator import (
+    RayWorkerWrapper,
+    api_keys,
+    bar_line,
+    resolve_model,
+)
 
 PY = sys.executable
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -90,43 +104,7 @@ def hf_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-class Emu:
-    def __init__(self, args: list[str], env: dict[str, str], out: Path) -> None:
-        self.out = out
-        with open(out, "wb") as log:
-            self.proc = subprocess.Popen([PY, "-m", "spark_cluster.sim.vllm_emulator", "serve", *args],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True, cwd=Path(__file__).resolve().parents[1])
-
-    def text(self) -> str:
-        return ANSI.sub("", self.out.read_bytes().decode(errors="replace"))
-
-    def wait_for(self, needle: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            t = self.text()
-            if needle in t:
-                return t
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        pytest.fail(f"no {needle!r} (rc={self.proc.poll()}):\n{self.text()[-6000:]}")
-
-    def wait_exit(self, timeout: float = 40) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail("emulator did not exit:\n" + self.text()[-6000:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            _kill_group(self.proc, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        _kill_group(self.proc)
-        self.proc.wait()
+Emu = EmulatorProcess
 
 
 @pytest.fixture
@@ -264,14 +242,8 @@ def test_bar_format_matches_tqdm() -> None:
 
 @pytest.fixture
 def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NodePaths:
-    root = tmp_path / "lab"
-    paths = NodePaths.for_node(os.uname().nodename, root)
-    paths.root.mkdir(parents=True)
-    state = healthy_state(paths.root.name, 0)
-    save_state(paths.state, state)
-    render(state, paths)
-    write_wrappers(paths)
-    monkeypatch.setenv("SPARK_LAB_ROOT", str(root))
+    paths = scratch_node(tmp_path)
+    monkeypatch.setenv("SPARK_LAB_ROOT", str(paths.root.parents[1]))
     return paths
 
 

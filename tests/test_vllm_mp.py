@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,17 +18,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from emulator_proc import EmulatorProcess, scratch_node
 
 from spark_cluster.progress import track
 from spark_cluster.sim import checkpoint, vllm_args, vllm_mp
 from spark_cluster.sim.layout import NodePaths
 from spark_cluster.sim.state import (
     MEM_TOTAL_KIB,
-    healthy_state,
     load_state,
-    render,
-    save_state,
-    write_wrappers,
 )
 
 PY = sys.executable
@@ -53,54 +49,7 @@ def _until(what: Callable[[], object], timeout: float, why: str = "") -> object:
     pytest.fail(f"not within {timeout}s: {why or what}")
 
 
-class Node:
-    """One emulator process, as one lab node runs it: its own log file."""
-
-    def __init__(self, args: list[str], env: dict[str, str], out: Path) -> None:
-        self.out = out
-        with open(out, "wb") as log:
-            self.proc = subprocess.Popen([PY, "-m", "spark_cluster.sim.vllm_emulator", "serve", *args],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                         start_new_session=True)
-
-    def text(self) -> str:
-        return ANSI.sub("", self.out.read_bytes().decode(errors="replace"))
-
-    def wait_for(self, needle: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            t = self.text()
-            if needle in t:
-                return t
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        pytest.fail(f"no {needle!r} in {self.out.name} (rc={self.proc.poll()}):\n{self.text()[-6000:]}")
-
-    def wait_exit(self, timeout: float = 30) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{self.out.name} did not exit within {timeout}s:\n{self.text()[-6000:]}")
-
-    def signal(self, sig: int) -> None:
-        try:
-            os.kill(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+Node = EmulatorProcess  # one lab node's `vllm serve`, its own log file
 
 
 @pytest.fixture(scope="module")
@@ -436,14 +385,7 @@ def test_check_args_and_worker_names() -> None:
 def here(tmp_path: Path) -> NodePaths:
     """A scratch lab whose one node is this machine (named as its hostname): both processes run on
     it here, so both nodes' ranks show in its state, each under its own process name and pid."""
-    root = tmp_path / "lab"
-    paths = NodePaths.for_node(os.uname().nodename, root)
-    paths.root.mkdir(parents=True)
-    state = healthy_state(paths.root.name, 0)
-    save_state(paths.state, state)
-    render(state, paths)
-    write_wrappers(paths)
-    return paths
+    return scratch_node(tmp_path)
 
 
 def test_each_node_holds_its_ranks_memory_and_frees_it(pair: Pair, here: NodePaths) -> None:

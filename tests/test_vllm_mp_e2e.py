@@ -8,9 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, on_node
-
-from spark_cluster.sim import lab as simlab
+from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
 
 pytestmark = LAB_MARKS
 
@@ -30,11 +28,7 @@ MP = ("  executor: ray\n", "  executor: mp\n")
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory):
-    inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
-    simlab.down()
-    simlab.up(2, inventory_out=inventory)
-    yield inventory
-    assert simlab.down() == []
+    yield from fresh_lab(tmp_path_factory)
 
 
 def on(inventory: Path, node: str, command: str) -> str:
