@@ -199,7 +199,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             events.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
                         nodes=[n.__dict__ for n in result.state.nodes])
         if plan is not None:
-            _serve(fleet, plan, inventory, timeout_s, events)
+            _serve(fleet, plan, inv, timeout_s, events)
         ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
 
@@ -218,12 +218,12 @@ def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventor
                 seconds=round(time.monotonic() - began, 3))
 
 
-def _serve(fleet, plan, inventory: str, timeout_s: float, events) -> None:  # noqa: ANN001
+def _serve(fleet, plan, inv, timeout_s: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
     from . import serve
-
-    ui.stage(3, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
     from .load_view import LoadView
 
+    inventory = inv.path
+    ui.stage(3, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
     if serve.running(fleet.node(plan.head.node), plan.head):
         if serve.readiness(plan) is None:
             ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
@@ -233,7 +233,6 @@ def _serve(fleet, plan, inventory: str, timeout_s: float, events) -> None:  # no
         ui.console.print(f"  vLLM of this cluster is still starting on {plan.head.node}: following it")
     else:
         serve.start(fleet, plan)
-    inv = load_inventory(inventory)
     by_ip = {str(spec.link_address): spec.name for spec in inv.nodes}
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())

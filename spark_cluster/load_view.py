@@ -124,12 +124,12 @@ class LoadView:
         for _ in range(4):
             rows.add_column()
         started = progress.phase_times
+        took_by_phase = dict(progress.durations())
         for i, phase in enumerate(PHASES):
             if phase == "ready":
                 continue
             if i < current:
-                later = [t for p, t in started.items() if PHASES.index(p) > i]
-                took = (min(later) - started[phase]) if phase in started and later else None
+                took = took_by_phase.get(phase)
                 mark, style = ("✓", "green") if phase in started else ("–", "dim")
                 rows.add_row(Text(mark, style=style), Text(phase, style=style),
                              Text(f"{took:.1f} s" if took is not None else "skipped", style="dim"), "")
