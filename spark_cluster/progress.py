@@ -17,7 +17,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-PHASES = ("engine-args", "ray", "workers", "weights", "compile", "cuda-graphs", "kv-cache",
+# In the order vLLM runs them: the KV cache is sized from the profile run, then the CUDA graphs
+# are captured for the batch sizes it allows (both real Spark logs, facts/vllm-ray.md §8).
+PHASES = ("engine-args", "ray", "workers", "weights", "compile", "kv-cache", "cuda-graphs",
           "api-server", "ready")
 CAUSES = ("nccl", "placement-group", "oom", "kv-cache-memory", "driver", "engine-died",
           "port-in-use", "model-missing", "other")
@@ -46,8 +48,9 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cause, re.compile(rx
                         r"|Every node should have a unique IP address"),
     ("kv-cache-memory", r"No available memory for the cache blocks"
                         r"|KV cache is needed, which is larger than the available KV cache memory"),
+    # `CUDA driver error` is how custom ops (e.g. gptq_marlin_repack while loading) report it.
     ("oom", r"CUDA out of memory|OutOfMemoryError|Failed to load model - not enough GPU memory"
-            r"|CUDA error: out of memory|is less than desired GPU memory utilization"
+            r"|CUDA (?:driver )?error: out of memory|is less than desired GPU memory utilization"
             r"|worker\(s\) were killed due to the node running low on memory"),
     ("nccl", r"NCCL [Ee]rror|DistBackendError|ncclSystemError|ncclInternalError|ncclUnhandledCudaError"),
     ("driver", r"Unexpected error from cudaGetDeviceCount|Found no NVIDIA driver"
@@ -61,6 +64,7 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cause, re.compile(rx
                       r"|Cannot find any model weights|LocalEntryNotFoundError"),
     ("engine-died", r"EngineCore failed to start|Engine core initialization failed|Engine process failed to start"
                     r"|EngineCore encountered a fatal error|died unexpectedly|EngineDeadError|ActorDiedError"
+                    r"|The actor is dead because"  # Ray's reason under ActorDiedError; a log tail may keep only it
                     r"|Application startup failed|Timed out waiting for engine core processes"
                     r"|WorkerProc failed to start|AsyncLLM output_handler failed"),
     ("other", r"^Traceback \(most recent call last\)|^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): \S"),
@@ -193,6 +197,7 @@ class Tracker:
         self._weights_seconds: list[float] = []
         self._cause_rank = 0
         self._evidence_raised = False   # the evidence is the exception line itself, not source code
+        self._first_raised: str | None = None  # the first exception line of the failure: its root
 
     def feed(self, text: str) -> list[Event]:
         """Every line of `text`, each `\\r`-separated update read in turn. Returns the new events."""
@@ -221,10 +226,16 @@ class Tracker:
         if event.kind == "failure":
             rank = _RANK.get(event.cause or "", 3)
             raised = bool(_RAISED.match(event.message))
+            if raised and self._first_raised is None:
+                self._first_raised = event.line
             if state.outcome != "failed" or rank > self._cause_rank or (
                     rank == self._cause_rank and raised and not self._evidence_raised):
                 state.cause, state.evidence, self._cause_rank = event.cause, event.line, rank
                 self._evidence_raised = raised
+            if state.cause in _RANK and self._first_raised is not None:
+                # No known cause: the engine's own "failed to start" lines only wrap the
+                # exception that began it, which is what a user can act on.
+                state.evidence = self._first_raised
             state.outcome = "failed"
             return
         if event.phase is not None and _later(event.phase, state.phase):

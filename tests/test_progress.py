@@ -87,7 +87,7 @@ def test_phases_come_in_order(name: str) -> None:
     assert [PHASES.index(p) for p in phases] == sorted(PHASES.index(p) for p in phases)
     assert phases[0] == "engine-args" and "weights" in phases and "compile" in phases
     if SPARK[name]["outcome"] == "ready":
-        assert phases[-3:] == ["kv-cache", "api-server", "ready"]
+        assert phases[-4:] == ["kv-cache", "cuda-graphs", "api-server", "ready"]
 
 
 # --- the collected public logs (tests/data/vllm-logs/README.md) ---
@@ -107,6 +107,13 @@ COLLECTED = {
     "12-v015-driver-error-803.log": ("failed", None, "driver", (None, None)),
     "13-v010-enginecore0-weights-compile-kv-loading.log": ("loading", "kv-cache", None, (3, 3)),
     "14-v08-ray-model-loading-took-gb-then-traceback.log": ("failed", "weights", "other", (None, None)),
+    "15-v0111-enginecore-dp0-current-node-no-gpu.log": ("failed", None, "placement-group", (None, None)),
+    "16-v011-enginecore-dp0-cuda-oom.log": ("failed", None, "oom", (None, None)),
+    "17-v084-ray-actor-died-rayworkerwrapper.log": ("failed", None, "engine-died", (None, None)),
+    "18-v085-ray-actor-dead-worker-process-died.log": ("failed", None, "engine-died", (None, None)),
+    "19-v011-apiserver-routes-ready.log": ("ready", "ready", None, (None, None)),
+    "20-v02x-rayworkerproc-multinode-dp-ep-cuda-graphs-loading.log": ("loading", "cuda-graphs", None, (None, None)),
+    "21-v02x-enginecore-cuda-driver-oom.log": ("failed", None, "oom", (None, None)),
 }
 
 
@@ -141,6 +148,38 @@ def test_root_cause_beats_engine_died_and_exception_line_beats_source_line() -> 
     data = diagnose_log(_read(OURS / "09-v010-apiserver-engine-core-init-failed.log"))
     assert data["evidence"].endswith("RuntimeError: Engine core initialization failed. See root cause "
                                      "above. Failed core proc(s): {}")
+
+
+def test_without_a_known_cause_the_evidence_is_the_exception_that_began_it() -> None:
+    text = ("(EngineCore pid=7) (RayWorkerWrapper pid=9, ip=10.0.0.2) ERROR 01-01 00:00:00 [worker_base.py:631] "
+            "Error executing method 'load_model'. This might cause deadlock in distributed execution.\n"
+            "(EngineCore pid=7) (RayWorkerWrapper pid=9, ip=10.0.0.2) RuntimeError: boom in rank 1\n"
+            "(EngineCore pid=7) ERROR 01-01 00:00:00 [core.py:1] EngineCore failed to start.\n"
+            "(APIServer pid=6) RuntimeError: Engine core initialization failed. See root cause above.\n")
+    data = diagnose_log(text)
+    assert data["cause"] == "engine-died"
+    assert data["evidence"] == "(EngineCore pid=7) (RayWorkerWrapper pid=9, ip=10.0.0.2) RuntimeError: boom in rank 1"
+
+
+def test_ray_actor_dead_reason_and_cuda_driver_oom_are_recognised() -> None:
+    # Ray's reason line alone (the log tail of 18) is the engine dying, not a bare traceback ("other");
+    # its boilerplate "(1) ... OOM killer" does not make it oom.
+    data = diagnose_log(_read(OURS / "18-v085-ray-actor-dead-worker-process-died.log"))
+    assert data["cause"] == "engine-died"
+    assert data["evidence"].startswith("ERROR 07-09 13:21:18 [core.py:396] The actor is dead because its worker")
+    # A custom op (gptq_marlin_repack) running out of memory says "CUDA driver error", not "CUDA error".
+    data = diagnose_log(_read(OURS / "21-v02x-enginecore-cuda-driver-oom.log"))
+    assert data["cause"] == "oom" and data["evidence"].endswith("RuntimeError: CUDA driver error: out of memory")
+    event = parse_line("RuntimeError: CUDA error: out of memory")
+    assert event is not None and event.cause == "oom"
+
+
+def test_recent_ray_multinode_prefixes_and_ready() -> None:
+    event = parse_line(_read(OURS / "20-v02x-rayworkerproc-multinode-dp-ep-cuda-graphs-loading.log").splitlines()[-1])
+    assert event is not None and event.phase == "kv-cache"
+    assert event.message == "Available KV cache memory: 25.94 GiB"
+    data = diagnose_log(_read(OURS / "19-v011-apiserver-routes-ready.log"))
+    assert data["evidence"] == "(APIServer pid=12981) INFO:     Application startup complete."
 
 
 def test_warning_lines_are_not_failures() -> None:
