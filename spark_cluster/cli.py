@@ -187,6 +187,8 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
         events.emit("check", ok=True, seconds=round(report.seconds, 3))
         if until == "check":
             return 0
+        if restart and plan is not None:
+            _stop_vllm_for_restart(fleet, plan)
         if inv.cluster.executor == "mp":
             _runtime_without_ray(inv, fleet, events)
         else:
@@ -202,6 +204,17 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             _serve(fleet, plan, inv, timeout_s, events)
         ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
+
+
+def _stop_vllm_for_restart(fleet, plan) -> None:  # noqa: ANN001 - Fleet, ServePlan
+    """--restart replaces Ray too, which would kill vLLM's engine mid-flight: stop vLLM first."""
+    from . import serve
+
+    if any(serve.running(fleet.node(c.node), c) for c in plan.commands):
+        ui.console.print(f"  --restart: stopping the running vLLM on {plan.head.node} first")
+        for name, outcome in serve.stop(fleet, plan).items():
+            if isinstance(outcome, Exception):
+                raise SparkClusterError(f"{name}: could not stop vLLM: {outcome}")
 
 
 def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
@@ -221,10 +234,19 @@ def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventor
 def _serve(fleet, plan, inv, timeout_s: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
     from . import serve
     from .load_view import LoadView
+    from .serve_plan import launch_diff, launch_record
 
     inventory = inv.path
     ui.stage(3, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
-    if serve.running(fleet.node(plan.head.node), plan.head):
+    head = fleet.node(plan.head.node)
+    if serve.running(head, plan.head):
+        record = serve.running_record(head, plan)
+        changed = launch_diff(record, launch_record(plan)) if record is not None else []
+        if changed:
+            raise SparkClusterError(
+                "vLLM of this cluster runs with another launch than the inventory asks for:\n  "
+                + "\n  ".join(changed)
+                + f"\n  hint: `spark-cluster up {inventory} --restart` replaces it; `down` stops it")
         if serve.readiness(plan) is None:
             ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
             events.emit("ready", reused=True, endpoint=plan.endpoint, model=plan.served_model_name)
@@ -241,7 +263,9 @@ def _serve(fleet, plan, inv, timeout_s: float, events) -> None:  # noqa: ANN001 
             progress = serve.follow(fleet, plan, view.update, timeout_s=timeout_s, nodes_by_ip=by_ip,
                                     stop=interrupted)
     except KeyboardInterrupt:
-        raise SparkClusterError(
+        from .errors import StoppedFollowing
+
+        raise StoppedFollowing(
             f"stopped following; vLLM keeps running on {plan.head.node}\n"
             f"  hint: `spark-cluster up {inventory}` follows it again; `logs -f` shows its log, "
             "`down` stops it") from None
@@ -411,6 +435,59 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
         except KeyboardInterrupt:
             pass
     return 0
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--concurrency", "-c", default="1,2,4", show_default=True,
+              help="Concurrent requests per level, comma-separated.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(1, 32768),
+              help="Tokens each request decodes (ignore_eos: all of them).")
+@click.option("--prompt", default=None, help="The user message each request sends.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object with every level.")
+def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None, as_json: bool) -> int:
+    """Streamed chat completions at each concurrency: tok/s per request and aggregate, time to first token.
+
+    Compared with the recipe's published figures where it has them (seed 003: 17.0 / 24.1 / 36.4
+    tok/s aggregate at 1 / 2 / 4 for Qwen3-235B on two Sparks). Exit 1 if any request failed.
+    """
+    from . import bench as sweep_
+    from .errors import UsageError
+    from .recipes import load_recipe
+    from .serve import api_key, readiness, running
+    from .serve_plan import serve_plan
+
+    try:
+        levels = sweep_.parse_levels(concurrency)
+    except ValueError as exc:
+        raise UsageError(f"--concurrency: {exc}") from None
+    inv = load_inventory(inventory)
+    plan = serve_plan(inv)
+    # Asked over SSH first: a stopped cluster is said as such, and no request goes to an
+    # endpoint that is not this cluster's.
+    with fleet_for(inv, only=inv.head.name) as fleet:
+        if not running(fleet.node(plan.head.node), plan.head):
+            raise SparkClusterError(f"vLLM of this cluster is not running on {plan.head.node}\n"
+                                    f"  hint: spark-cluster up {inventory}")
+    problem = readiness(plan)  # also the warm-up request
+    if problem is not None:
+        raise SparkClusterError(f"vLLM at {plan.endpoint} does not serve yet: {problem}\n"
+                                f"  hint: `spark-cluster up {inventory}` follows its start")
+    reference = load_recipe(plan.recipe).reference if plan.recipe else None
+    if not as_json:
+        ui.console.print(f"bench {plan.served_model_name} at {plan.endpoint}: {max_tokens} tokens per request, "
+                         f"concurrency {', '.join(map(str, levels))}")
+    done = sweep_.sweep(plan.endpoint, plan.served_model_name, api_key(plan), levels, max_tokens,
+                        prompt or sweep_.PROMPT, on_level=(lambda _: None) if as_json else ui.bench_level)
+    if as_json:
+        ui.console.out(json.dumps({
+            "model": plan.served_model_name, "endpoint": plan.endpoint, "max_tokens": max_tokens,
+            "levels": [level.as_dict() for level in done],
+            "reference": {"source": reference.source, "aggregate_tok_s": dict(reference.tok_s)}
+            if reference and reference.tok_s else None}, indent=2))
+    else:
+        ui.bench_table(done, reference)
+    return 1 if any(level.errors for level in done) else 0
 
 
 @cli.group()

@@ -15,6 +15,10 @@ class UsageError(SparkClusterError, ValueError):
     exit_code = 2
 
 
+class StoppedFollowing(SparkClusterError):
+    """Ctrl-C while following a start: this tool stops, what it started keeps running."""
+
+
 class LabError(SparkClusterError, RuntimeError):
     """The simulated lab could not be brought up, changed or torn down."""
 

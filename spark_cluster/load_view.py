@@ -36,6 +36,7 @@ class LoadView:
         self._last_event: tuple | None = None
         self._phases_emitted: set[str] = set()
         self._phases_printed: set[str] = set()
+        self._note = ""
 
     def __enter__(self) -> "LoadView":
         if self._live is not None:
@@ -60,7 +61,7 @@ class LoadView:
             self._events.emit("phase", phase=phase, elapsed=round(at, 3))
         event = progress.as_event()
         key = (event["phase"], event["shards_loaded"], tuple(sorted(progress.loaded_gib.items())),
-               tuple(sorted(event["resident_gib"].items())))
+               tuple(sorted(event["resident_gib"].items())), event["note"])
         if key != self._last_event:
             self._last_event = key
             self._events.emit("progress", **event)
@@ -75,6 +76,10 @@ class LoadView:
         self._phase_lines(progress, [b for b in begun if PHASES.index(b[0]) <= weights])
         self._weight_lines(progress, stamp)
         self._phase_lines(progress, [b for b in begun if PHASES.index(b[0]) > weights])
+        if progress.note != self._note:  # once per change: a wait that says what to check
+            self._note = progress.note
+            if progress.note:
+                self.console.print(stamp + Text(progress.note, style="yellow"))
 
     def _phase_lines(self, progress, begun: list[tuple[str, float]]) -> None:  # noqa: ANN001
         memory = "  ".join(f"{node} {gib:.1f} GiB" for node, gib in progress.memory_gib.items())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from .errors import UsageError
-from .inventory import Inventory
+from .inventory import Inventory, InventoryError, Problem
 from .remote import Fleet, SSHNode
 from .ssh_connect import known_hosts_files
 
@@ -18,6 +21,7 @@ def fleet_for(
         if not specs:
             names = ", ".join(spec.name for spec in inventory.nodes)
             raise UsageError(f"{inventory.path}: no node named {only!r} (nodes: {names})")
+    _refuse_missing_keys(inventory, specs)
     ssh = inventory.cluster.ssh
     known = known_hosts_files(ssh.known_hosts)
     return Fleet(
@@ -36,3 +40,24 @@ def fleet_for(
             for spec in specs
         ]
     )
+
+
+def _refuse_missing_keys(inventory: Inventory, specs) -> None:  # noqa: ANN001 - NodeSpecs
+    """A named key that is not on this machine is bad input: say so before any packet leaves.
+
+    Without this, the connection is opened first and fails only at authentication, after
+    it has sent traffic to an address that may not be the node at all (the simulated lab's
+    addresses, once the lab is down, route out through the default gateway).
+    """
+    from .sim.layout import LAB_ROOT
+
+    problems = []
+    for spec in specs:
+        if spec.identity and not os.path.isfile(spec.identity):
+            hint = ("the simulated lab's key: run `spark-cluster lab up` first"
+                    if Path(spec.identity).is_relative_to(LAB_ROOT)
+                    else f"fix `identity:` of {spec.name}, or remove it to use your SSH agent and default keys")
+            problems.append(Problem(str(inventory.path), spec.line,
+                                    f"{spec.name}: identity file {spec.identity} does not exist", hint))
+    if problems:
+        raise InventoryError(problems)

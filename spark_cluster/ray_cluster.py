@@ -131,7 +131,7 @@ def _stop_container(inventory: Inventory) -> str:
     name = shlex.quote(container_name(inventory))
     return (f"if [ -n \"$(docker ps -aq --filter name=^{container_name(inventory)}$)\" ]; then "
             f"docker stop -t 10 {name} >/dev/null; docker rm -f {name} >/dev/null; fi; "
-            f"[ -z \"$(docker ps -aq --filter name=^{container_name(inventory)}$)\" ]")
+            f"[ -z \"$(docker ps -aq --filter name=^{container_name(inventory)}$)\" ] && rm -f {_dir(inventory)}/ray.json")
 
 
 def stop_node(inventory: Inventory, node: Node) -> str:
@@ -304,7 +304,9 @@ def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
         for name, error in errors.items():
             raise RayError(f"{name}: {error}")
     state = _wait(inventory, head, lambda s: s.healthy(inventory), deadline_s, progress, fleet, to_start)
-    head.run(f"printf '%s\\n' {shlex.quote(json.dumps(wanted))} > {_dir(inventory)}/ray.json", timeout=20)
+    # The record a later `up` compares with: the directory is only made by a host start.
+    head.run(f"mkdir -p {_dir(inventory)} && printf '%s\\n' {shlex.quote(json.dumps(wanted))} "
+             f"> {_dir(inventory)}/ray.json", timeout=20).check()
     return UpResult(state, False, [p.node for p in to_start], time.monotonic() - started_at)
 
 

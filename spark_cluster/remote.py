@@ -194,10 +194,13 @@ class SSHNode(_Runner):
         from invoke.exceptions import CommandTimedOut
 
         connection = self.connect()
+        answers_sudo = sudo and self._sudo_password is not None
+        # A stream's end closes the remote stdin, so no command waits on it until its timeout;
+        # sudo's password prompt is answered on that stdin, so it stays open there.
         options = {"hide": True, "warn": True, "timeout": timeout,
-                   "in_stream": io.StringIO(stdin) if stdin is not None else False}
+                   "in_stream": False if answers_sudo and stdin is None else io.StringIO(stdin or "")}
         try:
-            if sudo and self._sudo_password is not None:
+            if answers_sudo:
                 connection.config.sudo.password = self._sudo_password
                 raw = connection.sudo(line, **options)
             else:

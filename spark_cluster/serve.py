@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import threading
 import time
 import urllib.error
@@ -22,18 +23,31 @@ from .errors import SparkClusterError
 from .facts_probe import remote_path
 from .progress import PHASES, Event, State, Tracker, parse_line, track
 from .remote import Fleet, Node
-from .serve_plan import NodeCommand, ServePlan
+from .serve_plan import NodeCommand, ServePlan, launch_record
 from .session import stop_session_command
 
 _IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)\)")  # Ray's prefix of a remote actor's line
 
 POLL_S = 1.0
+RECORD = "vllm.json"  # beside the head's log: what the running vLLM was started with
+# vLLM's command line in our container: `vllm serve` (the image's script) or `python -m
+# vllm.entrypoints.cli.main serve`; the brackets keep the pattern from matching its own shell.
+IN_CONTAINER = r"[v]llm(\.entrypoints\.cli\.main)? serve "
+PG_WAIT_NOTE = "vLLM has waited for its Ray placement group"
 MEMORY_EVERY_S = 2.0
 HTTP_TIMEOUT_S = 10.0
 
 
 class ServeError(SparkClusterError):
-    """vLLM failed to start; the message is the diagnosis (cause, node, evidence, next step)."""
+    """vLLM failed to start; the message is the diagnosis (cause, node, evidence, next step).
+
+    `details` holds the same as data (cause, node, phase, evidence, next_step, log) for
+    `up --json`'s closing `failed` event.
+    """
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 def _dir(command: NodeCommand) -> str:
@@ -83,7 +97,22 @@ def api_key(plan: ServePlan) -> str | None:
 
 
 def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
-    return stop_session_command(_dir(command), "vllm.pid", grace_s)
+    """Shell that stops this command's vLLM on its node and exits 0 once none of it is left.
+
+    In a container, vLLM is a child of the container, not of the `docker exec` client in our
+    session: the client forwards no signal (docker/cli#5309), so vLLM is stopped in there first.
+    """
+    record = (RECORD,) if command.is_head else ()
+    session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record)
+    if command.container is None:
+        return session
+    name = shlex.quote(command.container)
+    inside = shlex.quote(
+        f"pkill -TERM -f '{IN_CONTAINER}' || exit 0; for i in $(seq {int(grace_s / 0.2)}); do "
+        f"pgrep -f '{IN_CONTAINER}' >/dev/null || exit 0; sleep 0.2; done; pkill -KILL -f '{IN_CONTAINER}'; "
+        f"sleep 0.2; ! pgrep -f '{IN_CONTAINER}'")
+    return (f"if docker ps -q --filter name=^{command.container}$ | grep -q .; then "
+            f"docker exec {name} sh -c {inside} || exit 1; fi; {session}")
 
 
 def running(node: Node, command: NodeCommand) -> bool:
@@ -93,7 +122,8 @@ def running(node: Node, command: NodeCommand) -> bool:
 
 
 def start(fleet: Fleet, plan: ServePlan) -> None:
-    """Start every command in launch order (mp workers first, the head last)."""
+    """Start every command in launch order (mp workers first, the head last), and record on the
+    head what they were started with (`running_record`)."""
     stdin = {c.node: secret_values(c) for c in plan.commands}  # a missing key stops it before anything runs
     for command in plan.commands:
         node = fleet.node(command.node)
@@ -104,6 +134,17 @@ def start(fleet: Fleet, plan: ServePlan) -> None:
         if not result.ok:
             raise ServeError(f"{command.node}: vLLM did not start: "
                              f"{result.tail('stderr', 5) or result.tail('stdout', 5)}")
+    record = shlex.quote(json.dumps(launch_record(plan)))
+    fleet.node(plan.head.node).run(f"printf '%s\\n' {record} > {_dir(plan.head)}/{RECORD}", timeout=20)
+
+
+def running_record(node: Node, plan: ServePlan) -> dict | None:
+    """What the running vLLM was started with, as `start` recorded it (None: no record)."""
+    result = node.run(f"cat {_dir(plan.head)}/{RECORD} 2>/dev/null", timeout=20)
+    try:
+        return json.loads(result.stdout) if result.ok and result.stdout.strip() else None
+    except json.JSONDecodeError:
+        return None
 
 
 def stop(fleet: Fleet, plan: ServePlan) -> dict[str, str | Exception]:
@@ -176,7 +217,8 @@ class Progress:
                 "shards_loaded": shards[0] if shards else None, "shards_total": shards[1] if shards else None,
                 "eta_s": round(eta, 1) if eta is not None else None,
                 "memory_gib": {k: round(v, 2) for k, v in self.memory_gib.items()},
-                "resident_gib": self.resident_gib(), "loaded_gib": dict(self.loaded_gib)}
+                "resident_gib": self.resident_gib(), "loaded_gib": dict(self.loaded_gib),
+                "note": self.note or None}
 
 
 def http(url: str, body: dict | None = None, key: str | None = None) -> tuple[int, str]:
@@ -253,6 +295,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
     text: list[str] = []
     started = last_growth = time.monotonic()
     last_memory = 0.0
+    last_partial = ""
     while True:
         now = time.monotonic()
         progress.elapsed = now - started
@@ -264,8 +307,9 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 _note(progress, event, plan.head.node, nodes_by_ip)
             lines_done += complete.count("\n") + 1
             last_growth = now
-        if partial:
-            last_growth = now if partial != progress.note else last_growth
+        if partial and partial != last_partial:  # a tqdm bar grows without a newline
+            last_growth = now
+        last_partial = partial
         event = parse_line(partial.split("\r")[-1]) if partial.strip() else None
         progress.bar = (event.n, event.total) if event and event.kind == "progress" and event.total else None
         if progress.bar:
@@ -281,7 +325,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             tracker.feed(rest)
             text.append(rest)
             _raise_worker_failure(fleet, plan)
-            raise ServeError(_diagnosis(plan, tracker.state, _failed_node(text, nodes_by_ip)))
+            raise _diagnosis(plan, tracker.state, _failed_node(text, nodes_by_ip))
         if state.phase in ("api-server", "ready"):
             problem = readiness(plan)
             if problem is None:
@@ -297,20 +341,27 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             text.append(tail)
             _raise_worker_failure(fleet, plan)
             if tracker.state.outcome == "failed":
-                raise ServeError(_diagnosis(plan, tracker.state, _failed_node(text, nodes_by_ip)))
+                raise _diagnosis(plan, tracker.state, _failed_node(text, nodes_by_ip))
+            state = tracker.state
+            next_step = (f"`journalctl -k | grep -i oom` on {plan.head.node}; lower "
+                         "--gpu-memory-utilization or --max-model-len; stop other memory users")
             raise ServeError(
                 f"{plan.head.node}: vLLM exited with no error line (last phase: "
-                f"{tracker.state.phase or 'start'}; last line: {tracker.state.last_line or '-'})\n"
+                f"{state.phase or 'start'}; last line: {state.last_line or '-'})\n"
                 "  cause: engine-died, most likely the host's OOM killer\n"
-                f"  next step: `journalctl -k | grep -i oom` on {plan.head.node}; lower "
-                "--gpu-memory-utilization or --max-model-len; stop other memory users")
+                f"  next step: {next_step}",
+                cause="engine-died", node=plan.head.node, phase=state.phase, evidence=state.last_line,
+                next_step=next_step, log=plan.head.log_path)
         if now - last_growth > silence_s:
             raise ServeError(f"{plan.head.node}: the vLLM log has not grown for {silence_s:.0f} s "
                              f"(phase {state.phase}); it still runs: follow it with "
-                             "`spark-cluster logs -f`")
+                             "`spark-cluster logs -f`", cause="silent", node=plan.head.node,
+                             phase=state.phase, evidence=state.last_line, log=plan.head.log_path)
         if progress.elapsed > timeout_s:
             raise ServeError(f"vLLM was not ready after {timeout_s:.0f} s (phase {state.phase}); "
-                             "it still runs: follow it with `spark-cluster logs -f`")
+                             "it still runs: follow it with `spark-cluster logs -f`", cause="timeout",
+                             node=plan.head.node, phase=state.phase, evidence=state.last_line,
+                             log=plan.head.log_path)
         on_progress(progress)
         if stop.wait(POLL_S):
             raise KeyboardInterrupt
@@ -325,6 +376,15 @@ def _note(progress: Progress, event: Event, head: str, nodes_by_ip: dict[str, st
         progress.phase_times[event.phase] = min([progress.elapsed, *later])
     if event.kind == "progress" and event.n is not None:
         progress.saw_shards(event.n)
+    if event.kind == "pg-wait":
+        # vLLM waits up to 1800 s for its placement group, saying so with a back-off; the
+        # user should learn what to check at the first of these lines, not after half an hour.
+        from .diagnose import NEXT_STEP
+
+        progress.note = (f"{PG_WAIT_NOTE} for {event.seconds:.0f} s: the cluster lacks the GPUs it asks for; "
+                         f"{NEXT_STEP['placement-group']}")
+    elif progress.note.startswith(PG_WAIT_NOTE) and event.phase and PHASES.index(event.phase) > PHASES.index("ray"):
+        progress.note = ""  # created after all
     if event.kind == "loaded" and event.gib is not None:
         node = node_of(event.line, nodes_by_ip) or head  # Ray names the ip of remote actors only
         progress.loaded_gib[node] = round(progress.loaded_gib.get(node, 0.0) + event.gib, 2)
@@ -348,7 +408,7 @@ def _raise_worker_failure(fleet: Fleet, plan: ServePlan) -> None:
             continue  # unreachable now: the head's own account is what there is
         state = track(text)
         if state.outcome == "failed":
-            raise ServeError(_diagnosis(plan, state, command.node, command.log_path))
+            raise _diagnosis(plan, state, command.node, command.log_path)
 
 
 def _settle(head: Node, log: str, lines_done: int, deadline_s: float = 5.0) -> str:
@@ -374,18 +434,22 @@ def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None) -> str | N
 
 
 def _diagnosis(plan: ServePlan, state: State, failed_node: str | None = None,
-               log_path: str | None = None) -> str:
+               log_path: str | None = None) -> ServeError:
     from .diagnose import NEXT_STEP
 
     cause = state.cause or "other"
     evidence = state.evidence or state.last_line or "-"
     node = failed_node or plan.head.node
+    next_step = NEXT_STEP.get(cause, "read the log: spark-cluster logs")
     # With Ray a worker's lines reach the head's log; with mp each node has its own.
-    where = f"{log_path} on {node}" if log_path else f"{plan.head.log_path} on {plan.head.node}"
-    return (f"vLLM failed during {state.phase or 'start'} on {node}: {cause}\n"
-            f"  evidence: {evidence}\n"
-            f"  next step: {NEXT_STEP.get(cause, 'read the log: spark-cluster logs')}\n"
-            f"  log: {where}")
+    log_node = node if log_path else plan.head.node
+    log_path = log_path or plan.head.log_path
+    return ServeError(f"vLLM failed during {state.phase or 'start'} on {node}: {cause}\n"
+                      f"  evidence: {evidence}\n"
+                      f"  next step: {next_step}\n"
+                      f"  log: {log_path} on {log_node}",
+                      cause=cause, node=node, phase=state.phase, evidence=evidence, next_step=next_step,
+                      log=log_path)
 
 
 def log_tail(fleet: Fleet, plan: ServePlan, lines: int = 50) -> str:

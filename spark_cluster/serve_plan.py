@@ -128,6 +128,46 @@ class ServePlan:
         return "\n".join(lines)
 
 
+def launch_record(plan: ServePlan) -> dict[str, dict[str, object]]:
+    """What each node was started with (secrets redacted): kept beside the head's log at start,
+    so a later `up` reuses a running vLLM only when the inventory still asks for the same."""
+    return {c.node: {"env": {k: _shell_value(k, v, True) for k, v in c.env.items()}, "argv": list(c.argv),
+                     "container": c.container, "secrets": sorted(c.secrets)} for c in plan.commands}
+
+
+def launch_diff(running: dict, wanted: dict) -> list[str]:
+    """Human lines of what differs between the running vLLM's record and the plan's."""
+    lines = []
+    for node in sorted(set(running) | set(wanted)):
+        a, b = running.get(node), wanted.get(node)
+        if a is None or b is None:
+            lines.append(f"{node}: {'added to' if a is None else 'no longer part of'} the vLLM launch")
+            continue
+        for key in sorted(set(a.get("env", {})) | set(b["env"])):
+            if a.get("env", {}).get(key) != b["env"].get(key):
+                lines.append(f"{node}: {key}: {a.get('env', {}).get(key)} -> {b['env'].get(key)}")
+        if a.get("argv") != b["argv"]:
+            old_items, new_items = _flag_items(a.get("argv", [])), _flag_items(b["argv"])
+            changes = [f"- {i}" for i in old_items if i not in new_items] + \
+                      [f"+ {i}" for i in new_items if i not in old_items]
+            lines.append(f"{node}: vllm arguments: {', '.join(changes) or 'the same, in another order'}")
+        for key in ("container", "secrets"):
+            if a.get(key) != b[key]:
+                lines.append(f"{node}: {key}: {a.get(key)} -> {b[key]}")
+    return lines
+
+
+def _flag_items(argv: list[str]) -> list[str]:
+    """`vllm serve M --a 1 --b` -> ['vllm serve M', '--a 1', '--b']: a flag with its values."""
+    items: list[str] = []
+    for word in argv:
+        if word.startswith("-") or not items:
+            items.append(word)
+        else:
+            items[-1] += f" {word}"
+    return items
+
+
 def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePlan:
     """The launch plan of the inventory's model on the inventory's nodes."""
     spec = inventory.model
@@ -291,9 +331,14 @@ def _launcher(inventory: Inventory) -> tuple[str, ...]:
 
 
 def _serve_env(inventory: Inventory, recipe: Recipe | None) -> dict[str, str]:
-    """The recipe's variables, then the offline Hugging Face cache every node was staged into."""
+    """The recipe's variables, then the offline Hugging Face cache every node was staged into.
+
+    PYTHONUNBUFFERED: `up` follows the log file as it grows, and Python block-buffers a stdout
+    that is a file; Ray prints its workers' lines there without a flush, so a remote rank's
+    lines would otherwise reach the file only at vLLM's next own line, seconds later.
+    """
     hf_home = CONTAINER_HF_HOME if inventory.cluster.runtime == "container" else inventory.model.hf_cache  # type: ignore[union-attr]
-    return {**(recipe.env if recipe else {}), "HF_HOME": hf_home, "HF_HUB_OFFLINE": "1"}
+    return {**(recipe.env if recipe else {}), "HF_HOME": hf_home, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def _command(spec: NodeSpec, env: Mapping[str, str], argv: tuple[str, ...], log_path: str,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
+from .errors import SparkClusterError, StoppedFollowing
 from .inventory import Inventory
 from .remote import FleetResult, Result
 
@@ -248,8 +249,14 @@ class JsonLines:
             self._stdout, console = console, err_console
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         global console
+        # The stream ends with why it ended, not with silence.
+        if isinstance(exc, StoppedFollowing):
+            self.emit("interrupted", message=str(exc))
+        elif isinstance(exc, SparkClusterError):
+            self.emit("failed", error=str(exc).splitlines()[0], message=str(exc),
+                      **getattr(exc, "details", {}))
         if self._stdout is not None:
             console = self._stdout
 
@@ -362,3 +369,41 @@ def summary_line(data: dict) -> str:
                  + (f" ({rates.get('prompt_tokens_per_s', 0):g} prompt, "
                     f"{rates.get('generation_tokens_per_s', 0):g} generation tok/s)" if rates else ""))
     return line
+
+
+def bench_level(level) -> None:  # noqa: ANN001 - bench.Level
+    """One line as each level ends, so a long sweep shows it is alive."""
+    def num(x: float | None, fmt: str = ".1f") -> str:
+        return format(x, fmt) if x is not None else "-"
+
+    line = (f"  concurrency {level.concurrency}: {len(level.ok)}/{len(level.samples)} ok, "
+            f"{num(level.avg_tokens, '.0f')} tokens each, {num(level.per_request_tok_s)} tok/s per request, "
+            f"{num(level.aggregate_tok_s)} tok/s aggregate, first token after {num(level.ttft_p50_s, '.2f')} s")
+    console.print(line, highlight=False)
+    for error in dict.fromkeys(level.errors):  # each distinct error once
+        console.print(Text(f"    failed: {error}", style="red"))
+
+
+def bench_table(levels, reference) -> None:  # noqa: ANN001 - list[bench.Level], recipes.Reference | None
+    from rich.table import Table
+
+    figures = dict(reference.tok_s) if reference else {}
+    table = Table(title=None, show_edge=False, pad_edge=False)
+    for header in ("concurrency", "tokens", "tok/s per request", "aggregate tok/s", "first token", "failed"):
+        table.add_column(header, justify="right")
+    if figures:
+        table.add_column("published aggregate", justify="right")
+    for level in levels:
+        row = [str(level.concurrency),
+               f"{level.avg_tokens:.0f}" if level.avg_tokens is not None else "-",
+               f"{level.per_request_tok_s:.1f}" if level.per_request_tok_s is not None else "-",
+               f"{level.aggregate_tok_s:.1f}" if level.aggregate_tok_s is not None else "-",
+               f"{level.ttft_p50_s:.2f} s" if level.ttft_p50_s is not None else "-",
+               str(len(level.errors))]
+        if figures:
+            known = figures.get(level.concurrency)
+            row.append(f"{known:.1f}" if known is not None else "")
+        table.add_row(*row)
+    console.print(table)
+    if figures:
+        console.print(Text(f"published: {reference.source}", style="dim"))

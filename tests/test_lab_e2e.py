@@ -63,6 +63,14 @@ def test_fleet_reaches_both_nodes_over_real_ssh(lab) -> None:
         assert node.connect() is connection
 
 
+def test_a_command_that_reads_stdin_gets_its_end_not_a_wait(lab) -> None:
+    _, inventory = lab
+    started = time.monotonic()
+    done = cli("exec", str(inventory), "--node", "spark-a", "--timeout", "20", "--", "cat; echo read-all")
+    assert done.returncode == 0 and "read-all" in done.stdout, done.stdout + done.stderr
+    assert time.monotonic() - started < 10  # not the 20 s timeout
+
+
 def test_each_node_has_its_own_tmp_and_spark_identity(lab) -> None:
     _, inventory = lab
     with fleet_for(load_inventory(inventory)) as fleet:

@@ -164,3 +164,26 @@ def test_json_events_come_in_the_log_order_with_eta_and_nodes() -> None:
     first = events.seen[4][1]
     assert first["shards_loaded"] == 2 and first["shards_total"] == 8 and first["eta_s"] == 30.0
     assert events.seen[5][1]["loaded_gib"] == {"spark-a": 28.82, "spark-b": 28.81}
+
+
+PG_WAIT = ("(EngineCore pid=70) INFO 11-22 03:10:12 [ray_utils.py:292] Waiting for creating a placement group of "
+           "specs for 10 seconds. specs=[{'GPU': 1.0, 'node:192.168.100.10': 0.001}, {'GPU': 1.0}]. Check `ray "
+           "status` and `ray list nodes` to see if you have enough resources, and make sure the IP addresses used "
+           "by ray cluster are the same as VLLM_HOST_IP environment variable specified in each node if you are "
+           "running on a multi-node.\n")
+
+
+def test_a_placement_group_wait_says_what_to_check_at_once_and_clears_once_created() -> None:
+    head = LOG.splitlines()[:2]
+    progress = fed("\n".join(head) + "\n" + PG_WAIT, at=12.0)
+    assert progress.note.startswith("vLLM has waited for its Ray placement group for 10 s")
+    assert "ray status" in progress.note and progress.as_event()["note"] == progress.note
+    out = io.StringIO()
+    view = LoadView(Console(file=out, width=200), ["spark-a", "spark-b"])
+    view.update(progress)
+    view.update(progress)
+    assert out.getvalue().count("placement group for 10 s") == 1  # said once, not at every poll
+    fed(PG_WAIT.replace("for 10 seconds", "for 30 seconds"), progress, at=32.0)
+    assert "for 30 s" in progress.note
+    fed(LOG.splitlines()[2] + "\n", progress, at=40.0)  # workers started: the group was created
+    assert progress.note == "" and progress.as_event()["note"] is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,55 @@ def test_qwen3_235b_is_seed_003() -> None:
     assert " ".join(r.argv) == SEED_003 + " --distributed-executor-backend ray"
     assert r.weights_gib_per_node == 57.64
     assert dict(r.reference.tok_s) == {1: 17.0, 2: 24.1, 4: 36.4} and r.reference.start_minutes == 15
+
+
+# weights_gib_per_node of each shipped recipe, and what the comment on that line must name: where the
+# figure comes from (URL or seed), the line or size read there, and the tensor-parallel size it holds at.
+WEIGHTS = {
+    "qwen3-235b-a22b-gptq-int4": (57.64, ("seed 003", "Weight resident per node: 57.64 GiB", "TP=2")),
+    "gpt-oss-120b": (64.38, ("https://github.com/vllm-project/vllm/issues/33155",
+                             "Model loading took 64.38 GiB memory", "TP=1")),
+    "qwen3-30b-a3b-fp8": (29.1, ("https://github.com/vllm-project/vllm/issues/25928",
+                                 "Model loading took 29.0972 GiB", "TP=1")),
+    "nemotron-3-nano-nvfp4": (18.5, ("ESTIMATE", "Nemotron-Cascade-2-30B-A3B-NVFP4",
+                                     "Model loading took 18.54 GiB memory", "TP=1")),
+}
+
+
+def weights_comment(recipe: Recipe) -> str:
+    """The comment on the recipe file's weights_gib_per_node line plus the comment lines right under it."""
+    lines = Path(recipe.path).read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("weights_gib_per_node:"))
+    parts = [lines[start].partition("#")[2]]
+    for line in lines[start + 1:]:
+        if not line.lstrip().startswith("#") or not line.startswith(" "):
+            break
+        parts.append(line.lstrip()[1:])
+    return " ".join(part.strip() for part in parts).strip()
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTS))
+def test_recipe_weights_are_the_sourced_figures(name: str) -> None:
+    figure, cited = WEIGHTS[name]
+    recipe = load_recipe(name)
+    assert recipe.weights_gib_per_node == figure
+    comment = weights_comment(recipe)
+    for text in cited:
+        assert text in comment, f"{name}: the weights comment no longer cites {text!r}"
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_recipe_says_where_its_weights_figure_comes_from(name: str) -> None:
+    """Measured or an estimate, with its source and the TP size it holds at, matching the recipe's own size:
+    the plan scales the figure from the recipe's tensor x pipeline size (1 without --tensor-parallel-size)."""
+    recipe = load_recipe(name)
+    comment = weights_comment(recipe)
+    assert re.match(r"(measured|ESTIMATE)\b", comment), f"{name}: say 'measured' or 'ESTIMATE' first: {comment!r}"
+    assert re.search(r"https?://|github\.com/|seed \d{3}", comment), f"{name}: name a source: {comment!r}"
+    tp = re.search(r"\bTP=(\d+)", comment)
+    assert tp, f"{name}: say at which tensor-parallel size the figure holds: {comment!r}"
+    own = recipe.arg("tensor-parallel-size")
+    assert int(tp.group(1)) == (int(own[0]) if own else recipe.nodes)
 
 
 def test_unknown_recipe_names_the_known_ones_and_the_likeliest() -> None:

@@ -24,6 +24,8 @@ from spark_cluster.remote import (
 )
 from spark_cluster.ssh_connect import UnknownHostKey, _translate, known_hosts_files
 
+REPO = Path(__file__).resolve().parents[1]
+
 # Anything a user or an inventory could put in a value, NUL aside (no shell can carry it).
 shell_text = st.text(
     alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=40
@@ -154,3 +156,26 @@ def test_known_hosts_files_inventory_first() -> None:
     assert files[0] == Path("/etc/lab/known_hosts")
     assert files[1] == Path("~/.ssh/known_hosts").expanduser()
     assert known_hosts_files(None) == (Path("~/.ssh/known_hosts").expanduser(),)
+
+
+def test_a_missing_key_stops_every_command_before_any_packet(tmp_path: Path, monkeypatch, capsys) -> None:
+    from spark_cluster.cli import main
+
+    text = (REPO / "inventories" / "sim.yaml").read_text()
+    inventory = tmp_path / "sim.yaml"
+    inventory.write_text(text.replace("/run/spark-lab/id_ed25519", str(tmp_path / "gone")))
+    spark_a_line = next(i for i, line in enumerate(text.splitlines(), 1) if "name: spark-a" in line)
+
+    def no_network(*args, **kwargs):  # noqa: ANN002, ANN003
+        raise AssertionError("a connection was attempted")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    for command in (["status", str(inventory)], ["check", str(inventory)], ["down", str(inventory)],
+                    ["exec", str(inventory), "--", "true"]):
+        with pytest.raises(SystemExit) as done:
+            main(command)
+        err = capsys.readouterr().err
+        assert done.value.code == 2, err
+        assert f"{inventory}:{spark_a_line}: spark-a: identity file {tmp_path / 'gone'} does not exist" in err
+        assert "fix `identity:` of spark-a" in err and "spark-b" in err

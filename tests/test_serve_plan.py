@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 from collections.abc import Iterator
@@ -91,8 +92,8 @@ def test_tensor_parallel_follows_the_node_count() -> None:
     one = serve_plan(one_node(with_model(LAB, recipe="gpt-oss-120b")))
     assert one.tensor_parallel_size == 1
     assert argv_of(one)[argv_of(one).index("--tensor-parallel-size") + 1] == "1"
-    assert one.weights_gib_per_node == 56.8
-    assert serve_plan(with_model(LAB, recipe="gpt-oss-120b")).weights_gib_per_node == 28.4  # halved at TP=2
+    assert one.weights_gib_per_node == 64.38
+    assert serve_plan(with_model(LAB, recipe="gpt-oss-120b")).weights_gib_per_node == 32.19  # halved at TP=2
 
 
 def test_recipe_tp_wins_and_must_fit() -> None:
@@ -231,7 +232,9 @@ _SECRETS = st.text(st.characters(blacklist_categories=("Cs",), blacklist_charact
 @given(secret=_SECRETS, mp=st.booleans())
 def test_the_api_key_value_never_appears(secret: str, mp: bool) -> None:
     inv = with_cluster(LAB, executor="mp") if mp else LAB
-    assume(secret not in _all_text(serve_plan(inv)))  # a secret like "0.0.0.0 " is in every plan
+    # A "secret" like "0.0.0.0 " or "vllm.pid" is in every plan and start line, whatever the key.
+    assume(secret not in _all_text(serve_plan(inv)))
+    assume(secret not in start_command(serve_plan(inv, api_key_env="SPARK_API_KEY").head))
     with patched_env(SPARK_API_KEY=secret):
         plan = serve_plan(inv, api_key_env="SPARK_API_KEY")
         assert secret not in _all_text(plan)
@@ -251,3 +254,21 @@ def patched_env(**values: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_the_launch_record_says_what_changed_and_holds_no_secret() -> None:
+    from spark_cluster.serve_plan import launch_diff, launch_record
+
+    before = launch_record(serve_plan(LAB, api_key_env="SPARK_API_KEY"))
+    assert launch_diff(before, json.loads(json.dumps(before))) == []  # as read back from the node
+    changed = launch_record(serve_plan(with_model(LAB, args=("--max-model-len", "4096")),
+                                       api_key_env="SPARK_API_KEY"))
+    lines = launch_diff(before, changed)
+    assert lines == ["spark-a: vllm arguments: + --max-model-len 4096"], lines
+    both = launch_record(serve_plan(with_cluster(LAB, executor="mp")))  # mp: a command on each node
+    assert "spark-b: added to the vLLM launch" in launch_diff(before, both)
+    assert "spark-b: no longer part of the vLLM launch" in launch_diff(both, before)
+    fewer = launch_record(serve_plan(one_node(with_model(LAB, recipe="gpt-oss-120b"))))
+    lines = launch_diff(before, fewer)
+    assert any(line.startswith("spark-a: vllm arguments: - vllm serve ") for line in lines)
+    assert any(line.startswith("spark-a: secrets: ['VLLM_API_KEY'] -> []") for line in lines), lines

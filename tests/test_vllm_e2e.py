@@ -23,7 +23,7 @@ pytestmark = LAB_MARKS
 def with_fault(inventory: Path, tmp_path: Path, fault: str) -> Path:
     broken = tmp_path / f"{fault.replace(':', '-')}.yaml"
     text = inventory.read_text()
-    line = "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64'}\n"
+    line = "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}\n"
     assert line in text
     broken.write_text(text.replace(line, line.replace("}", f", SPARK_LAB_FAULT: '{fault}'}}")))
     return broken
@@ -52,7 +52,7 @@ def test_up_serves_the_model_within_90_seconds(lab) -> None:
     assert kinds[:2] == ["check", "ray"] and kinds[-1] == "ready"
     phases = [e["phase"] for e in events if e["event"] == "phase"]
     assert phases[0] == "engine-args" and phases[-1] == "ready" and "weights" in phases
-    order = ["engine-args", "ray", "workers", "weights", "compile", "cuda-graphs", "kv-cache", "api-server", "ready"]
+    order = ["engine-args", "ray", "workers", "weights", "compile", "kv-cache", "cuda-graphs", "api-server", "ready"]
     assert phases == sorted(phases, key=order.index)  # never backwards
     shards = [e["shards_loaded"] for e in events if e["event"] == "progress" and e["shards_loaded"] is not None]
     assert shards == sorted(shards) and shards[-1] == 8 and len(set(shards)) >= 3
@@ -90,6 +90,41 @@ def test_second_up_reuses_the_server_and_check_stays_clean(lab) -> None:
     assert "Application startup complete." in logs.stdout
 
 
+def test_a_changed_launch_is_said_and_restart_replaces_it(lab, tmp_path: Path) -> None:
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(lab.read_text().replace("  hf_cache: /root/.cache/huggingface\n",
+                                               "  hf_cache: /root/.cache/huggingface\n  args: {max-model-len: 4096}\n"))
+    refused = cli("up", str(changed))
+    assert refused.returncode == 1
+    assert "spark-a: vllm arguments: + --max-model-len 4096" in refused.stderr and "--restart" in refused.stderr
+    assert json.loads(cli("status", str(lab), "--json").stdout)["healthy"] is True  # left as it ran
+
+    def max_model_len() -> int:
+        with urllib.request.urlopen("http://10.117.0.11:8000/v1/models", timeout=10) as response:
+            return json.load(response)["data"][0]["max_model_len"]
+
+    assert max_model_len() == 8192
+    replaced = cli("up", str(changed), "--restart")
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert "--restart: stopping the running vLLM on spark-a first" in replaced.stdout
+    assert max_model_len() == 4096
+    assert cli("up", str(lab), "--restart").returncode == 0 and max_model_len() == 8192
+
+
+def test_bench_measures_the_rates_of_seed_003(lab) -> None:
+    done = cli("bench", str(lab), "--concurrency", "1,2,4", "--max-tokens", "24", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    levels = {level["concurrency"]: level for level in json.loads(done.stdout)["levels"]}
+    assert all(level["failed"] == 0 and level["avg_completion_tokens"] == 24 for level in levels.values())
+    # The emulator decodes at seed 003's rates: 17.0 / 24.1 / 36.4 tok/s aggregate at 1 / 2 / 4.
+    for concurrency, published in {1: 17.0, 2: 24.1, 4: 36.4}.items():
+        assert 0.75 * published <= levels[concurrency]["aggregate_tok_s"] <= 1.05 * published, levels
+    per_request = [levels[c]["tok_s_per_request"] for c in (1, 2, 4)]
+    assert per_request == sorted(per_request, reverse=True)
+    human = cli("bench", str(lab), "-c", "2", "--max-tokens", "8")
+    assert human.returncode == 0 and "concurrency 2: 2/2 ok, 8 tokens each" in human.stdout
+
+
 def test_watch_restarts_a_dead_engine(lab) -> None:
     killed = cli("exec", str(lab), "--node", "spark-a", "--",
                  "pkill -KILL -s $(cat ~/.cache/spark-cluster/sim/vllm.pid) && echo killed")
@@ -104,20 +139,26 @@ def test_watch_restarts_a_dead_engine(lab) -> None:
 def test_crash_at_half_the_load_names_cause_and_node(lab, tmp_path: Path) -> None:
     assert cli("down", str(lab)).returncode == 0
     broken = with_fault(lab, tmp_path, "crash-at:50")
-    done = cli("up", str(broken), "--restart")
+    done = cli("up", str(broken), "--restart", "--json")
     assert done.returncode == 1
-    assert "vLLM failed during" in done.stderr
-    assert "on spark-b" in done.stderr  # rank 1, the worker's actor, crashed
+    assert "vLLM failed during weights on spark-b" in done.stderr  # rank 1, the worker's actor, crashed
     assert "evidence:" in done.stderr and "Traceback" not in done.stderr.split("evidence:")[0]
+    # --json ends its stream with the same diagnosis as data.
+    last = json.loads(done.stdout.splitlines()[-1])
+    assert (last["event"], last["node"], last["phase"]) == ("failed", "spark-b", "weights"), last
+    assert f"on spark-b: {last['cause']}" in done.stderr and "crashed at 50% of its weight load" in last["evidence"]
+    assert last["next_step"] and last["log"].endswith("vllm.log")
     assert cli("down", str(broken)).returncode == 0
 
 
 def test_silent_death_is_reported_as_such(lab, tmp_path: Path) -> None:
     broken = with_fault(lab, tmp_path, "silent-death")
-    done = cli("up", str(broken), "--restart")
+    done = cli("up", str(broken), "--restart", "--json")
     assert done.returncode == 1
     assert "vLLM exited with no error line" in done.stderr
     assert "OOM killer" in done.stderr
+    last = json.loads(done.stdout.splitlines()[-1])
+    assert (last["event"], last["cause"], last["node"], last["phase"]) == ("failed", "engine-died", "spark-a", "weights")
     assert cli("down", str(broken)).returncode == 0
 
 
@@ -190,6 +231,20 @@ def test_container_runtime_with_an_api_key_from_the_environment(lab, tmp_path: P
         assert found.returncode == 0 and found.stdout.splitlines()[1:] == ["end"], found.stdout
     local = Path.home() / ".spark-cluster"
     assert not [p for p in local.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
+    # Stopping vLLM alone (what watch's restart does) stops it inside the container, which
+    # keeps running: the `docker exec` client forwards no signal to it.
+    from spark_cluster.inventory import load_inventory
+    from spark_cluster.serve import stop_command
+    from spark_cluster.serve_plan import serve_plan
+
+    stop = stop_command(serve_plan(load_inventory(boxed)).head)
+    assert cli("exec", str(boxed), "--node", "spark-a", "--", stop).returncode == 0
+    left = cli("exec", str(boxed), "--node", "spark-a", "--",
+               "pgrep -f '[v]llm serve|[v]llm.entrypoints.cli.main serve' || echo none; "
+               "docker ps --format '{{.Names}}'")
+    assert left.stdout.splitlines()[1:] == ["none", "spark-cluster-sim"], left.stdout
+    again = cli("up", str(boxed), env={"SPARK_LAB_API_KEY": key})
+    assert again.returncode == 0 and "Ray reused" in again.stdout and "ready: " in again.stdout, again.stdout
     assert cli("down", str(boxed)).returncode == 0
     assert "spark-cluster-sim" not in cli("exec", str(boxed), "--node", "spark-a", "--",
                                           "docker ps -a --format '{{.Names}}'").stdout
@@ -206,3 +261,5 @@ def test_down_leaves_no_vllm_and_no_port(lab) -> None:
     # The memory the model held is the nodes' again.
     report = json.loads(cli("status", str(lab), "--json").stdout)
     assert all(n["memory_used_gib"] < 10 for n in report["nodes"].values()), report["nodes"]
+    stopped = cli("bench", str(lab))
+    assert stopped.returncode == 1 and "vLLM of this cluster is not running on spark-a" in stopped.stderr

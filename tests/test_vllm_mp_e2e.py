@@ -79,7 +79,7 @@ def test_mp_down_leaves_nothing(lab, tmp_path: Path) -> None:
 
 def test_a_crash_on_the_worker_is_named_there(lab, tmp_path: Path) -> None:
     broken = variant(lab, tmp_path, "crash", MP,
-                     ("SPARK_LAB_WEIGHTS_GIB: '57.64'}", "SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_FAULT: 'crash-at:50'}"))
+                     ("SPARK_LAB_COMPILE_S: '3'}", "SPARK_LAB_COMPILE_S: '3', SPARK_LAB_FAULT: 'crash-at:50'}"))
     done = cli("up", str(broken))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "vLLM failed during weights on spark-b" in done.stderr

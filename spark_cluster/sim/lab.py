@@ -318,8 +318,9 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
         "  ray_port: 6379",
         "  executor: ray",
         # The emulator reads its shards at this pace, so the weight load can be watched, and
-        # each rank holds seed 003's weights in its node's memory (57.64 GiB), not the 12 MiB it read.
-        "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64'}",
+        # each rank holds seed 003's weights in its node's memory (57.64 GiB), not the 12 MiB it read;
+        # the compile takes long enough to be seen as a phase of its own.
+        "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}",
         "  ssh:",
         "    host_key_policy: strict",
         f"    known_hosts: {lab_root / 'known_hosts'}",

@@ -28,6 +28,7 @@ memory once the KV cache is sized; freed at shutdown, forgotten once its process
 Environment: `VLLM_LOG_STATS_INTERVAL` (seconds between vLLM's throughput lines while busy,
 default 10), `SPARK_LAB_LOAD_MBPS`, `SPARK_LAB_WEIGHTS_GIB` (the GiB each rank reports instead of
 the bytes it read), `SPARK_LAB_RATE_SCALE`, `SPARK_LAB_LOCAL_GPUS` (GPUs "visible" here, default 1),
+`SPARK_LAB_COMPILE_S` (seconds of torch.compile per rank, default 1; CUDA graphs take half),
 `SPARK_LAB_ROOT` (where the lab's nodes live), `VLLM_API_KEY` (the API key when `--api-key` is absent),
 `VLLM_PG_TIMEOUT_S` (default 1800), `VLLM_DISTRIBUTED_EXECUTOR_CONFIG` (JSON, its
 `placement_group_options.strategy`), `VLLM_HOST_IP`, `RAY_ADDRESS`, and `SPARK_LAB_FAULT`:
@@ -60,6 +61,7 @@ from spark_cluster.sim.vllm_worker import (  # noqa: F401 - vllm_mp and the test
     Worker,
     _host_ip,
     bar_line,
+    compile_seconds,
     fatal_traceback as _fatal_traceback,
     hub_dir,
     invalid_repo_message,
@@ -242,11 +244,15 @@ class Engine:
         log("INFO", "kv_cache_utils.py:1325", f"Maximum concurrency for {self.max_len:,} tokens per request: "
             f"{tokens / self.max_len:.2f}x")
         if not args.enforce_eager:
-            sys.stderr.write("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 67/67 "
-                             "[00:04<00:00, 15.21it/s]\n")
-            sys.stderr.write("Capturing CUDA graphs (decode, FULL): 100%|██████████| 35/35 [00:02<00:00, "
-                             "14.88it/s]\n")
-            log("INFO", "gpu_model_runner.py:6047", "Graph capturing finished in 7 secs, took 0.84 GiB")
+            began = time.monotonic()
+            for mode, sizes in (("mixed prefill-decode, PIECEWISE", 67), ("decode, FULL", 35)):
+                time.sleep(compile_seconds() / 2 * sizes / 102)
+                took = time.monotonic() - began
+                sys.stderr.write(f"Capturing CUDA graphs ({mode}): 100%|██████████| {sizes}/{sizes} "
+                                 f"[00:{took:02.0f}<00:00, {sizes / max(took, 1e-3):.2f}it/s]\n")
+                sys.stderr.flush()
+            log("INFO", "gpu_model_runner.py:6047", f"Graph capturing finished in "
+                f"{round(time.monotonic() - began)} secs, took 0.84 GiB")
         log("INFO", "core.py:284", f"init engine (profile, create kv cache, warmup model) took "
             f"{time.monotonic() - self.t_init:.2f} seconds")
 

@@ -6,7 +6,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import time
 
@@ -220,7 +219,7 @@ def exec_(ctx: Ctx, argv: list[str]) -> int:
             live["execs"] = [e for e in live.get("execs", []) if ct.alive(*e)] + [entry]
     if detach:
         return 0
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda s, _f: os.killpg(proc.pid, s))
+    # The real CLI forwards no signal to an exec'd process (docker/cli#5309): killing the client
+    # leaves the process running in the container, so the caller has to stop it in there.
     code = proc.wait()
     return code if code >= 0 else 128 - code

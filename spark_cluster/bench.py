@@ -1,0 +1,156 @@
+"""`spark-cluster bench`: streamed chat completions at rising concurrency against the endpoint.
+
+At each level, `concurrency` requests start together and each asks for `max_tokens` tokens
+with `ignore_eos` (vLLM's own sampling parameter), so every request decodes the same length
+and the levels compare as seed 003's table does: tok/s per request (its tokens over its
+time) and aggregate (all tokens of the level over the level's wall time).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+
+PROMPT = "Explain in a few paragraphs how two computers can serve one language model together."
+CONNECT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One request as the client saw it."""
+
+    tokens: int                 # completion tokens (the server's usage count when it sent one)
+    ttft_s: float | None        # sent -> first content token
+    seconds: float              # sent -> stream closed
+    error: str | None = None
+
+    @property
+    def tok_s(self) -> float | None:
+        return self.tokens / self.seconds if self.error is None and self.seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class Level:
+    concurrency: int
+    samples: tuple[Sample, ...]
+    wall_s: float
+
+    @property
+    def ok(self) -> tuple[Sample, ...]:
+        return tuple(s for s in self.samples if s.error is None)
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return tuple(s.error for s in self.samples if s.error is not None)
+
+    @property
+    def per_request_tok_s(self) -> float | None:
+        rates = [s.tok_s for s in self.ok if s.tok_s is not None]
+        return statistics.fmean(rates) if rates else None
+
+    @property
+    def aggregate_tok_s(self) -> float | None:
+        return sum(s.tokens for s in self.ok) / self.wall_s if self.ok and self.wall_s > 0 else None
+
+    @property
+    def ttft_p50_s(self) -> float | None:
+        firsts = [s.ttft_s for s in self.ok if s.ttft_s is not None]
+        return statistics.median(firsts) if firsts else None
+
+    @property
+    def avg_tokens(self) -> float | None:
+        return statistics.fmean(s.tokens for s in self.ok) if self.ok else None
+
+    def as_dict(self) -> dict[str, object]:
+        def r(x: float | None, digits: int = 2) -> float | None:
+            return round(x, digits) if x is not None else None
+
+        return {"concurrency": self.concurrency, "requests": len(self.samples), "failed": len(self.errors),
+                "avg_completion_tokens": r(self.avg_tokens, 1), "tok_s_per_request": r(self.per_request_tok_s),
+                "aggregate_tok_s": r(self.aggregate_tok_s), "ttft_p50_s": r(self.ttft_p50_s, 3),
+                "wall_s": r(self.wall_s, 3), "errors": list(self.errors)}
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4); ValueError naming the bad part."""
+    levels = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or not 1 <= int(part) <= 256:
+            raise ValueError(f"concurrency {part!r} is not a whole number from 1 to 256")
+        levels.append(int(part))
+    return tuple(levels)
+
+
+def parse_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> tuple[int, float | None]:
+    """Server-sent events of a streamed chat completion -> (completion tokens, time of the first
+    content token). The usage chunk's count wins over counting content chunks."""
+    counted, usage, first = 0, None, None
+    for line in lines:  # type: ignore[attr-defined]
+        if not line.startswith("data: "):
+            continue
+        payload = line[len("data: "):].strip()
+        if payload == "[DONE]":
+            break
+        chunk = json.loads(payload)
+        if chunk.get("usage"):
+            usage = chunk["usage"].get("completion_tokens")
+        for choice in chunk.get("choices") or ():
+            if (choice.get("delta") or {}).get("content"):
+                counted += 1
+                if first is None:
+                    first = clock()
+    return (usage if isinstance(usage, int) else counted), first
+
+
+def one_request(client: httpx.Client, url: str, body: dict, headers: dict[str, str]) -> Sample:
+    sent = time.monotonic()
+    try:
+        with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = response.read().decode(errors="replace")
+                return Sample(0, None, time.monotonic() - sent, f"HTTP {response.status_code}: {text[:200]}")
+            tokens, first = parse_stream(response.iter_lines(), time.monotonic)
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        return Sample(0, None, time.monotonic() - sent, f"{type(exc).__name__}: {exc}")
+    return Sample(tokens, None if first is None else first - sent, time.monotonic() - sent)
+
+
+def run_level(endpoint: str, model: str, key: str | None, concurrency: int, max_tokens: int,
+              prompt: str = PROMPT, timeout_s: float = 600.0) -> Level:
+    """`concurrency` streamed requests released together; the level's wall time runs from the
+    release to the last stream's end."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    gate = threading.Barrier(concurrency + 1)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S), limits=limits) as client:
+        def worker(_: int) -> Sample:
+            gate.wait()
+            return one_request(client, f"{endpoint}/chat/completions", body, headers)
+
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            futures = [pool.submit(worker, i) for i in range(concurrency)]
+            gate.wait()
+            released = time.monotonic()
+            samples = tuple(f.result() for f in futures)
+        wall = time.monotonic() - released
+    return Level(concurrency, samples, wall)
+
+
+def sweep(endpoint: str, model: str, key: str | None, levels: Sequence[int], max_tokens: int,
+          prompt: str = PROMPT, on_level: Callable[[Level], None] = lambda _: None) -> list[Level]:
+    done = []
+    for concurrency in levels:
+        level = run_level(endpoint, model, key, concurrency, max_tokens, prompt)
+        on_level(level)
+        done.append(level)
+    return done
