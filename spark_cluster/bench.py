@@ -100,6 +100,8 @@ def parse_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> t
         if payload == "[DONE]":
             break
         chunk = json.loads(payload)
+        if not isinstance(chunk, dict):
+            continue
         if chunk.get("usage"):
             usage = chunk["usage"].get("completion_tokens")
         for choice in chunk.get("choices") or ():

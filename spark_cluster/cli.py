@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from . import __version__, ui
+from .diagnose import STALLED_AFTER_S
 from .errors import SparkClusterError
 from .inventory import InventoryError, load_inventory
 from .nodes import fleet_for
@@ -153,9 +154,11 @@ def _report_change(before, after, results) -> None:  # noqa: ANN001 - Report, Re
 @click.option("--dry-run", is_flag=True, help="Print the vLLM launch plan per node; start nothing.")
 @click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
               help="Seconds to wait for vLLM to serve.")
+@click.option("--stalled-after", default=STALLED_AFTER_S, show_default=True, metavar="SECONDS",
+              help="Stop following (vLLM keeps running) when its log has not grown for this long.")
 @click.option("--json", "as_json", is_flag=True,
               help="Stream events as JSON lines on stdout (the human view goes to stderr).")
-def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: float,
+def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: float, stalled_after: float,
        as_json: bool) -> int:
     """Check every node, bring Ray up over the link, launch vLLM and follow it until it serves."""
     from .lock import cluster_lock
@@ -201,7 +204,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             events.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
                         nodes=[n.__dict__ for n in result.state.nodes])
         if plan is not None:
-            _serve(fleet, plan, inv, timeout_s, events)
+            _serve(fleet, plan, inv, timeout_s, stalled_after, events)
         ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
 
@@ -231,7 +234,7 @@ def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventor
                 seconds=round(time.monotonic() - began, 3))
 
 
-def _serve(fleet, plan, inv, timeout_s: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
+def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
     from . import serve
     from .load_view import LoadView
     from .serve_plan import launch_diff, launch_record
@@ -260,8 +263,8 @@ def _serve(fleet, plan, inv, timeout_s: float, events) -> None:  # noqa: ANN001 
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
         with LoadView(ui.console, [spec.name for spec in inv.nodes], events) as view:
-            progress = serve.follow(fleet, plan, view.update, timeout_s=timeout_s, nodes_by_ip=by_ip,
-                                    stop=interrupted)
+            progress = serve.follow(fleet, plan, view.update, timeout_s=timeout_s, silence_s=stalled_after,
+                                    nodes_by_ip=by_ip, stop=interrupted)
     except KeyboardInterrupt:
         from .errors import StoppedFollowing
 
@@ -363,7 +366,7 @@ def down(inventory: str) -> int:
 @cli.command()
 @click.option("--log", "log_file", required=True, metavar="FILE", help="A vLLM server log (stdout+stderr).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable conclusion (docs/diagnose.md).")
-@click.option("--stalled-after", default=1800.0, show_default=True, metavar="SECONDS",
+@click.option("--stalled-after", default=STALLED_AFTER_S, show_default=True, metavar="SECONDS",
               help="A still-starting log that has not grown for this long is called dead (0: never).")
 def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
     """Read a vLLM log: ready, failed or still loading; phase, shards, load time, cause.

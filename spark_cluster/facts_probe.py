@@ -94,10 +94,17 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
         Probe("secure_boot", "mokutil --sb-state"),
         Probe("reboot_required", "cat /var/run/reboot-required"),
     ]
-    # Processes of this cluster's own Ray and vLLM sessions: not "another model server".
+    # Processes of this cluster's own Ray and vLLM sessions, and of its container (where
+    # `docker exec` puts vLLM outside our session): not "another model server".
     state = remote_path(f"~/.cache/spark-cluster/{inventory.cluster.name}")
+    container = ""
+    if inventory.cluster.runtime == "container":
+        from .ray_plan import container_name
+
+        container = f"docker top {shlex.quote(container_name(inventory))} -eo pid 2>/dev/null | tail -n +2; "
     probes.append(Probe("own_pids", f"for f in {state}/vllm.pid {state}/ray.pid; do "
-                                    "sid=$(cat \"$f\" 2>/dev/null) && pgrep -s \"$sid\"; done; true"))
+                                    "sid=$(cat \"$f\" 2>/dev/null) && pgrep -s \"$sid\"; done; "
+                                    f"{container}true"))
     model = inventory.model
     hf_cache = model.hf_cache if model else "~/.cache/huggingface"
     probes.append(Probe(

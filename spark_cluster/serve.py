@@ -27,12 +27,43 @@ from .serve_plan import NodeCommand, ServePlan, launch_record
 from .session import stop_session_command
 
 _IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)\)")  # Ray's prefix of a remote actor's line
+_ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\-]+)?\)")  # any rank's line
 
 POLL_S = 1.0
 RECORD = "vllm.json"  # beside the head's log: what the running vLLM was started with
 # vLLM's command line in our container: `vllm serve` (the image's script) or `python -m
-# vllm.entrypoints.cli.main serve`; the brackets keep the pattern from matching its own shell.
-IN_CONTAINER = r"[v]llm(\.entrypoints\.cli\.main)? serve "
+# vllm.entrypoints.cli.main serve`.
+IN_CONTAINER = r"vllm(\.entrypoints\.cli\.main)? serve "
+# Stops, inside the container, the processes whose command line matches argv[1]: TERM, up to
+# argv[2] seconds, KILL; exit 1 if any is left. Python because the image has it for vLLM,
+# while procps (pkill) it may lack.
+_STOP_IN_CONTAINER = r"""
+import os, re, signal, sys, time
+pattern, grace = re.compile(sys.argv[1]), float(sys.argv[2])
+def matching():
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            line = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and pattern.search(line):
+            found.append(int(pid))
+    return found
+def send(sig):
+    for pid in matching():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+send(signal.SIGTERM)
+end = time.monotonic() + grace
+while matching() and time.monotonic() < end:
+    time.sleep(0.2)
+send(signal.SIGKILL)
+time.sleep(0.2)
+sys.exit(1 if matching() else 0)
+"""
 PG_WAIT_NOTE = "vLLM has waited for its Ray placement group"
 MEMORY_EVERY_S = 2.0
 HTTP_TIMEOUT_S = 10.0
@@ -106,13 +137,10 @@ def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
     session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record)
     if command.container is None:
         return session
-    name = shlex.quote(command.container)
-    inside = shlex.quote(
-        f"pkill -TERM -f '{IN_CONTAINER}' || exit 0; for i in $(seq {int(grace_s / 0.2)}); do "
-        f"pgrep -f '{IN_CONTAINER}' >/dev/null || exit 0; sleep 0.2; done; pkill -KILL -f '{IN_CONTAINER}'; "
-        f"sleep 0.2; ! pgrep -f '{IN_CONTAINER}'")
-    return (f"if docker ps -q --filter name=^{command.container}$ | grep -q .; then "
-            f"docker exec {name} sh -c {inside} || exit 1; fi; {session}")
+    inside = shlex.join(["docker", "exec", command.container, "python3", "-c", _STOP_IN_CONTAINER,
+                         IN_CONTAINER, str(grace_s)])
+    return (f"if docker ps -q --filter name=^{command.container}$ | grep -q .; then {inside} || exit 1; fi; "
+            f"{session}")
 
 
 def running(node: Node, command: NodeCommand) -> bool:
@@ -296,6 +324,10 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
     started = last_growth = time.monotonic()
     last_memory = 0.0
     last_partial = ""
+
+    def failed() -> ServeError:
+        node = _failed_node(text, nodes_by_ip, tracker.state.evidence, plan.head.node)
+        return _diagnosis(plan, tracker.state, node)
     while True:
         now = time.monotonic()
         progress.elapsed = now - started
@@ -325,7 +357,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             tracker.feed(rest)
             text.append(rest)
             _raise_worker_failure(fleet, plan)
-            raise _diagnosis(plan, tracker.state, _failed_node(text, nodes_by_ip))
+            raise failed()
         if state.phase in ("api-server", "ready"):
             problem = readiness(plan)
             if problem is None:
@@ -341,7 +373,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             text.append(tail)
             _raise_worker_failure(fleet, plan)
             if tracker.state.outcome == "failed":
-                raise _diagnosis(plan, tracker.state, _failed_node(text, nodes_by_ip))
+                raise failed()
             state = tracker.state
             next_step = (f"`journalctl -k | grep -i oom` on {plan.head.node}; lower "
                          "--gpu-memory-utilization or --max-model-len; stop other memory users")
@@ -353,15 +385,11 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 cause="engine-died", node=plan.head.node, phase=state.phase, evidence=state.last_line,
                 next_step=next_step, log=plan.head.log_path)
         if now - last_growth > silence_s:
-            raise ServeError(f"{plan.head.node}: the vLLM log has not grown for {silence_s:.0f} s "
-                             f"(phase {state.phase}); it still runs: follow it with "
-                             "`spark-cluster logs -f`", cause="silent", node=plan.head.node,
-                             phase=state.phase, evidence=state.last_line, log=plan.head.log_path)
+            raise _still_running(plan, state, "silent", f"{plan.head.node}: the vLLM log has not grown for "
+                                 f"{silence_s:.0f} s (phase {state.phase})")
         if progress.elapsed > timeout_s:
-            raise ServeError(f"vLLM was not ready after {timeout_s:.0f} s (phase {state.phase}); "
-                             "it still runs: follow it with `spark-cluster logs -f`", cause="timeout",
-                             node=plan.head.node, phase=state.phase, evidence=state.last_line,
-                             log=plan.head.log_path)
+            raise _still_running(plan, state, "timeout",
+                                 f"vLLM was not ready after {timeout_s:.0f} s (phase {state.phase})")
         on_progress(progress)
         if stop.wait(POLL_S):
             raise KeyboardInterrupt
@@ -423,14 +451,25 @@ def _settle(head: Node, log: str, lines_done: int, deadline_s: float = 5.0) -> s
         time.sleep(0.5)
 
 
-def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None) -> str | None:
-    """The node of the first error line a Ray worker printed (`(RayWorkerWrapper pid=…, ip=…)`)."""
+def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None, evidence: str | None,
+                 head: str) -> str | None:
+    """The node of the evidence when a Ray actor printed it (Ray names the ip of remote actors
+    only: an actor's line without one comes from the head's node), else of the first error
+    line a remote Ray worker printed."""
+    if evidence and _ACTOR.search(evidence):
+        return node_of(evidence, nodes_by_ip) or head
     for line in "\n".join(text).splitlines():
         if "ERROR" in line or "Error" in line:
             node = node_of(line, nodes_by_ip)
             if node:
                 return node
     return None
+
+
+def _still_running(plan: ServePlan, state: State, cause: str, what: str) -> ServeError:
+    """`up` gives up following a start that has not failed: vLLM is left running."""
+    return ServeError(f"{what}; it still runs: follow it with `spark-cluster logs -f`", cause=cause,
+                      node=plan.head.node, phase=state.phase, evidence=state.last_line, log=plan.head.log_path)
 
 
 def _diagnosis(plan: ServePlan, state: State, failed_node: str | None = None,

@@ -371,14 +371,15 @@ def summary_line(data: dict) -> str:
     return line
 
 
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return format(x, fmt) if x is not None else "-"
+
+
 def bench_level(level) -> None:  # noqa: ANN001 - bench.Level
     """One line as each level ends, so a long sweep shows it is alive."""
-    def num(x: float | None, fmt: str = ".1f") -> str:
-        return format(x, fmt) if x is not None else "-"
-
     line = (f"  concurrency {level.concurrency}: {len(level.ok)}/{len(level.samples)} ok, "
-            f"{num(level.avg_tokens, '.0f')} tokens each, {num(level.per_request_tok_s)} tok/s per request, "
-            f"{num(level.aggregate_tok_s)} tok/s aggregate, first token after {num(level.ttft_p50_s, '.2f')} s")
+            f"{_num(level.avg_tokens, '.0f')} tokens each, {_num(level.per_request_tok_s)} tok/s per request, "
+            f"{_num(level.aggregate_tok_s)} tok/s aggregate, first token after {_num(level.ttft_p50_s, '.2f')} s")
     console.print(line, highlight=False)
     for error in dict.fromkeys(level.errors):  # each distinct error once
         console.print(Text(f"    failed: {error}", style="red"))
@@ -394,15 +395,10 @@ def bench_table(levels, reference) -> None:  # noqa: ANN001 - list[bench.Level],
     if figures:
         table.add_column("published aggregate", justify="right")
     for level in levels:
-        row = [str(level.concurrency),
-               f"{level.avg_tokens:.0f}" if level.avg_tokens is not None else "-",
-               f"{level.per_request_tok_s:.1f}" if level.per_request_tok_s is not None else "-",
-               f"{level.aggregate_tok_s:.1f}" if level.aggregate_tok_s is not None else "-",
-               f"{level.ttft_p50_s:.2f} s" if level.ttft_p50_s is not None else "-",
-               str(len(level.errors))]
+        row = [str(level.concurrency), _num(level.avg_tokens, ".0f"), _num(level.per_request_tok_s),
+               _num(level.aggregate_tok_s), f"{_num(level.ttft_p50_s, '.2f')} s", str(len(level.errors))]
         if figures:
-            known = figures.get(level.concurrency)
-            row.append(f"{known:.1f}" if known is not None else "")
+            row.append(_num(figures.get(level.concurrency)))
         table.add_row(*row)
     console.print(table)
     if figures:

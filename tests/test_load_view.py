@@ -187,3 +187,17 @@ def test_a_placement_group_wait_says_what_to_check_at_once_and_clears_once_creat
     assert "for 30 s" in progress.note
     fed(LOG.splitlines()[2] + "\n", progress, at=40.0)  # workers started: the group was created
     assert progress.note == "" and progress.as_event()["note"] is None
+
+
+def test_the_failed_node_is_the_evidence_line_s_when_a_rank_printed_it() -> None:
+    from spark_cluster.serve import _failed_node
+
+    text = ["(EngineCore pid=5) (RayWorkerWrapper pid=9, ip=192.168.100.11) ERROR 11-22 03:10:11 "
+            "[worker_base.py:631] Error executing method 'determine_available_memory'."]
+    local = "(EngineCore pid=5) (RayWorkerWrapper pid=8) RuntimeError: NCCL error: unhandled system error"
+    remote = "(EngineCore pid=5) (RayWorkerWrapper pid=9, ip=192.168.100.11) RuntimeError: NCCL error"
+    assert _failed_node(text, NODES, local, "spark-a") == "spark-a"  # no ip: the driver's own node
+    assert _failed_node(text, NODES, remote, "spark-a") == "spark-b"
+    engine = "(EngineCore pid=5) ValueError: No available memory for the cache blocks."
+    assert _failed_node(text, NODES, engine, "spark-a") == "spark-b"  # the first remote error line
+    assert _failed_node([], NODES, engine, "spark-a") is None

@@ -501,6 +501,22 @@ def test_docker_container_lifecycle_leaves_no_process(node: Node) -> None:
         failing = node.run("docker", "exec", "-e", "X=7", "vllm-head", "sh", "-c", "echo $X >&2; exit 3")
         assert (failing.returncode, failing.stderr) == (3, "7\n")
         assert node.run("docker", "exec", "-d", "vllm-head", "sleep", marker).returncode == 0
+        # The client of an attached exec forwards no signal: killing it leaves its process running.
+        client = subprocess.Popen([str(node.paths.bin / "docker"), "exec", "vllm-head", "sleep", "27.1828"],
+                                  env=node.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not subprocess.run(["pgrep", "-f", "^sleep 27.1828"]).returncode == 0:
+            time.sleep(0.05)
+        client.terminate()
+        assert client.wait(timeout=10) != 0
+        attached = subprocess.run(["pgrep", "-f", "^sleep 27.1828"], capture_output=True, text=True).stdout.split()
+        assert len(attached) == 1
+        # docker top: ps with the given options, the container's rows only (its command and both execs).
+        top = node.out("docker", "top", "vllm-head", "-eo", "pid,args").splitlines()
+        assert top[0].split() == ["PID", "COMMAND"]
+        assert {row.split(None, 1)[1] for row in top[1:]} == {f"sleep {marker}", "sleep 27.1828"}
+        assert len(top) == 4 and attached[0] in {row.split()[0] for row in top[1:]}
+        assert str(os.getpid()) not in {row.split()[0] for row in top[1:]}
         clash = node.run("docker", "run", "-d", "--name", "vllm-head", VLLM_IMAGE, "true")
         assert clash.returncode == 125
         assert clash.stderr.startswith(f'docker: Error response from daemon: Conflict. The container name "/vllm-head" '

@@ -13,7 +13,8 @@ from .base import Finding, NodeContext, blocker, fix, gib, info, manual, warning
 # name, and by words in the command line for the ones that run as `python`.
 COMPETING_NAMES = {"ollama", "llama-server", "tritonserver", "text-generation-launcher",
                    "lms", "LM Studio", "localai"}
-COMPETING_ARGS = ("vllm serve", "vllm.entrypoints.openai.api_server", "sglang.launch_server",
+COMPETING_ARGS = ("vllm serve", "vllm.entrypoints.cli.main serve", "vllm.entrypoints.openai.api_server",
+                  "sglang.launch_server",
                   "ComfyUI/main.py", "comfyui")
 # Unified memory: CUDA, the desktop and the OS need some of the 128 GB besides the model.
 HEADROOM = 8 * GIB

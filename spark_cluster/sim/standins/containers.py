@@ -78,6 +78,22 @@ def signal_all(c: dict[str, Any], sig: int) -> None:
     _signal_group(c["pid"], c.get("start"), sig)
 
 
+def pids(c: dict[str, Any]) -> set[int]:
+    """The processes of a running container: every process of its command's session and of
+    each exec's (each was started in a session of its own), less the supervisor, which plays
+    the part of the runtime's shim outside the container."""
+    sessions = {pgid for pgid, start in [(c["pid"], c.get("start")), *c.get("execs", [])] if alive(pgid, start)}
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[3]) in sessions:  # after "pid (comm)": state, ppid, pgrp, session
+            found.add(int(stat.parent.name))
+    return found - {c["pid"]}
+
+
 def spawn(root: Path, cid: str, argv: list[str], env: dict[str, str], cwd: str | None) -> tuple[int, int | None]:
     """Start the supervisor of container `cid` running `argv`; its pid and start time."""
     log = log_path(root, cid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -181,6 +182,29 @@ def cmd_rm(ctx: Ctx, argv: list[str]) -> int:
     return rc
 
 
+def cmd_top(ctx: Ctx, argv: list[str]) -> int:
+    """`docker top CONTAINER [ps OPTIONS]`: as the daemon does it, `ps` with those options
+    (default -ef), keeping the header and the rows whose PID is one of the container's."""
+    if not argv:
+        raise Usage("\"docker top\" requires at least 1 argument.\n\nUsage:  docker top CONTAINER [ps OPTIONS]\n\n"
+                    "Display the running processes of a container")
+    c = ct.find(ctx.state, argv[0])
+    if c is None:
+        raise Usage(f"Error response from daemon: No such container: {argv[0]}")
+    if ct.status(c) != "running":
+        raise Usage(f"Error response from daemon: container {c['id']} is not running")
+    done = subprocess.run(["ps", *(argv[1:] or ["-ef"])], capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or not lines or "PID" not in lines[0].split():
+        reason = done.stderr.strip() or "Couldn't find PID field in ps output"
+        raise Usage(f"Error response from daemon: ps: {reason}")
+    column = lines[0].split().index("PID")
+    mine = {str(pid) for pid in ct.pids(c)}
+    rows = [row for row in lines[1:] if len(row.split()) > column and row.split()[column] in mine]
+    out("\n".join([lines[0], *rows]))
+    return 0
+
+
 def cmd_pull(ctx: Ctx, argv: list[str]) -> int:
     _, rest = options(argv, {"--platform"}, {"-q", "--quiet", "-a", "--all-tags"}, "pull")
     if len(rest) != 1:
@@ -201,7 +225,7 @@ def docker(ctx: Ctx, argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "container" and rest:
         cmd, rest = {"ls": "ps", "list": "ps", "remove": "rm"}.get(rest[0], rest[0]), rest[1:]
-    commands = {"ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop, "rm": cmd_rm, "pull": cmd_pull,
+    commands = {"ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop, "rm": cmd_rm, "pull": cmd_pull, "top": cmd_top,
                 "kill": lambda c, a: cmd_stop(c, a, force=True)}
     from spark_cluster.sim.standins.docker_images import (
         cmd_image, cmd_images, cmd_info, cmd_inspect, cmd_rmi, cmd_tag, cmd_version,
