@@ -143,9 +143,10 @@ def launch_diff(running: dict, wanted: dict) -> list[str]:
         if a is None or b is None:
             lines.append(f"{node}: {'added to' if a is None else 'no longer part of'} the vLLM launch")
             continue
-        for key in sorted(set(a.get("env", {})) | set(b["env"])):
-            if a.get("env", {}).get(key) != b["env"].get(key):
-                lines.append(f"{node}: {key}: {a.get('env', {}).get(key)} -> {b['env'].get(key)}")
+        old_env = a.get("env", {})
+        for key in sorted(set(old_env) | set(b["env"])):
+            if old_env.get(key) != b["env"].get(key):
+                lines.append(f"{node}: {key}: {old_env.get(key)} -> {b['env'].get(key)}")
         if a.get("argv") != b["argv"]:
             old_items, new_items = _flag_items(a.get("argv", [])), _flag_items(b["argv"])
             changes = [f"- {i}" for i in old_items if i not in new_items] + \

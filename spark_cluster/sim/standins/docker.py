@@ -200,7 +200,8 @@ def cmd_top(ctx: Ctx, argv: list[str]) -> int:
         raise Usage(f"Error response from daemon: ps: {reason}")
     column = lines[0].split().index("PID")
     mine = {str(pid) for pid in ct.pids(c)}
-    rows = [row for row in lines[1:] if len(row.split()) > column and row.split()[column] in mine]
+    rows = [row for row, fields in ((row, row.split()) for row in lines[1:])
+            if len(fields) > column and fields[column] in mine]
     out("\n".join([lines[0], *rows]))
     return 0
 
