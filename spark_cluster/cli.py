@@ -502,19 +502,21 @@ def lab() -> None:
 @click.option("--nodes", "count", default=2, show_default=True, help="How many Sparks.")
 @click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the lab's inventory here.")
-def lab_up(count: int, inventory_out: Path | None) -> int:
+@click.option("--engine", type=click.Choice(["real", "emulator"]), default="emulator", show_default=True,
+              help="The vLLM the inventory runs: the real vLLM CPU build, or the emulator.")
+def lab_up(count: int, inventory_out: Path | None, engine: str) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     from .sim import lab as simlab
 
     started = time.monotonic()
-    lab_, created = simlab.up(count, inventory_out)
+    lab_, created = simlab.up(count, inventory_out, engine=engine)
     verb = "up" if created else "already up"
     ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:
         ui.console.print(f"  {node.name}  {node.address}  namespace {node.namespace}")
     ui.console.print(f"  key {lab_.identity}, known_hosts {lab_.known_hosts}")
     if inventory_out is not None:
-        ui.console.print(f"  inventory written to {inventory_out}")
+        ui.console.print(f"  inventory written to {inventory_out} (engine: {engine})")
     return 0
 
 
