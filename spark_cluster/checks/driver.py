@@ -219,12 +219,14 @@ def _mismatch_finding(facts: NodeFacts, view: DriverView, evidence: str) -> Find
         prevent = (f"; to stop it recurring: sudo apt-mark hold {names}, and/or add \"nvidia-\"; \"libnvidia-\"; "
                    "to Unattended-Upgrade::Package-Blacklist in /etc/apt/apt.conf.d/50unattended-upgrades")
     parts = [evidence,
-             f"loaded module {loaded}" + (f", {view.userspace[0]} {installed}" if view.userspace else ""),
+             ", ".join(filter(None, [f"loaded module {loaded}" if loaded != "unknown" else "",
+                                     f"{view.userspace[0]} {installed}" if view.userspace else ""])),
              f"apt history: {trace}" if trace else "",
              f"kernel log: {view.log.api_mismatch.line}" if view.log and view.log.api_mismatch else ""]
+    module = "the loaded NVIDIA module" + (f" ({loaded})" if loaded != "unknown" else "")
     return blocker(
         "driver.version-mismatch", facts.node,
-        f"the loaded NVIDIA module ({loaded}) is not the installed driver ({installed}): the driver was "
+        f"{module} is not the installed driver ({installed}): the driver was "
         "upgraded while the machine ran" + (f" ({trace})" if trace else "")
         + "; only a reboot loads the new module",
         "; ".join(p for p in parts if p),
@@ -323,15 +325,19 @@ def check_probes(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
 def check_kernel_log(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
     """Xid events since boot: the driver reported a GPU error (the driver check names a failed init)."""
     log = driver_view(facts).log
-    if log is None or not log.xids:
+    lost = [e for e in (log.errors if log else ()) if "fallen off the bus" in e]
+    if log is None or not (log.xids or lost):
         return
-    codes = sorted({x.code for x in log.xids})
+    # "fallen off the bus" without an Xid line is Xid 79 all the same (newer drivers print only the text).
+    codes = sorted({x.code for x in log.xids} | ({79} if lost else set()))
+    events = len(log.xids) or len(lost)
+    last = log.xids[-1].line if log.xids else lost[-1]
     meaning = "; ".join(f"Xid {c}: {XID_MEANING[c]}" for c in codes if c in XID_MEANING)
     yield warning(
         "driver.xid", facts.node,
-        f"the kernel log shows {len(log.xids)} Xid event{'s' * (len(log.xids) > 1)} since boot "
+        f"the kernel log shows {events} Xid event{'s' * (events > 1)} since boot "
         f"(code{'s' * (len(codes) > 1)} {', '.join(map(str, codes))})" + (f": {meaning}" if meaning else ""),
-        f"kernel log: {log.xids[-1].line}",
+        f"kernel log: {last}",
         manual("sudo journalctl -k -b | grep -E 'NVRM|Xid' shows them in order; application Xids (13, 31, 43) "
                "clear when the process ends, the others usually need a reboot, repeated ones the hardware "
                "checked"))
