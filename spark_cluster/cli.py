@@ -366,11 +366,14 @@ def down(inventory: str) -> int:
 @cli.command()
 @click.option("--log", "log_file", required=True, metavar="FILE", help="A vLLM server log (stdout+stderr).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable conclusion (docs/diagnose.md).")
-@click.option("--stalled-after", default=STALLED_AFTER_S, show_default=True, metavar="SECONDS",
-              help="A still-starting log that has not grown for this long is called dead (0: never).")
-def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
+@click.option("--stalled-after", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Also call a still-starting log dead when the file has not grown for this long "
+                   f"(for a log that is being written now; {STALLED_AFTER_S:.0f} s is what `up` uses). "
+                   "Without it the log is judged on its lines alone.")
+def diagnose(log_file: str, as_json: bool, stalled_after: float | None) -> int:
     """Read a vLLM log: ready, failed or still loading; phase, shards, load time, cause.
 
+    A saved log is judged on its lines: its file's age says nothing about the server.
     Exit 0 for ready or loading, 1 for failed, 2 when the file cannot be read.
     """
     from .diagnose import NEXT_STEP, diagnose_log
@@ -379,12 +382,12 @@ def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
     path = Path(log_file)
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
-        idle = time.time() - path.stat().st_mtime if stalled_after > 0 else None
+        idle = time.time() - path.stat().st_mtime if stalled_after is not None else None
     except OSError as exc:
         raise UsageError(f"cannot read the log {path}: {exc.strerror or exc}\n"
                          f"  hint: pass the file vLLM writes to, e.g. `vllm serve ... 2>&1 | tee vllm.log`, "
                          f"then `spark-cluster diagnose --log vllm.log`") from exc
-    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or float("inf"))
+    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or STALLED_AFTER_S)
     if as_json:
         ui.console.out(json.dumps(data, indent=2))
     else:
@@ -395,7 +398,7 @@ def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
                              ("shards", shards), ("load time", load), ("weights", gib),
                              ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
             ui.console.print(f"{label:>9}: {value}", markup=False)
-        if data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
+        if idle is not None and data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
             ui.console.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
                              f"so the server is taken for dead (inferred)", markup=False)
         if data["cause"]:

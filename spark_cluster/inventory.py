@@ -49,6 +49,13 @@ class Problem:
         return f"{where}: {self.message}" + (f" (hint: {self.hint})" if self.hint else "")
 
 
+class UnknownNode(UsageError, KeyError):
+    """A node name that the inventory does not list; the message names the ones it does."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
 class InventoryError(UsageError):
     """The inventory could not be loaded; ``problems`` lists every reason, in file order."""
 
@@ -156,12 +163,13 @@ class Inventory:
         return tuple(n for n in self.nodes if not n.is_head)
 
     def node(self, name: str) -> NodeSpec:
-        """The node called ``name``; KeyError naming the known nodes if there is none."""
+        """The node called ``name``; UnknownNode (a KeyError) naming the known nodes if there is none."""
         for n in self.nodes:
             if n.name == name:
                 return n
         known = ", ".join(n.name for n in self.nodes)
-        raise KeyError(f"no node named {name!r} in {self.path} (nodes: {known})")
+        raise UnknownNode(f"{self.path}: no node named {name[:80]!r} (nodes: {known})\n"
+                          f"  hint: pass --node with one of {known}")
 
 
 def load_inventory(path: str | Path) -> Inventory:

@@ -359,6 +359,9 @@ def summary_line(data: dict) -> str:
     line = (f"{time.strftime('%H:%M:%S')} {'healthy' if data['healthy'] else 'NOT healthy'}: "
             f"nodes {reachable}/{len(data['nodes'])} reachable"
             + (f", ray {alive} alive" if data["ray"].get("used", True) else ""))
+    unreachable = [name for name, n in data["nodes"].items() if not n["reachable"]]
+    if unreachable:
+        line += f" (unreachable: {', '.join(unreachable)})"
     vllm = data.get("vllm")
     if vllm is not None:
         metrics = vllm["metrics"]
