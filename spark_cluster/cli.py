@@ -176,6 +176,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
         from .serve import secret_values
 
         secret_values(plan.head)  # a key named but not set here: say so before anything starts
+        ui.plan_notes(plan)
     started = time.monotonic()
     events = ui.JsonLines(enabled=as_json)
     with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, events:
@@ -235,6 +236,15 @@ def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventor
 
 
 def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
+    from .reach import reach
+
+    with reach(plan, fleet) as reachable:
+        _serve_reached(fleet, plan, reachable, inv, timeout_s, stalled_after, events)
+
+
+def _serve_reached(fleet, shown, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, ServePlan, Inventory, JsonLines
+    """`plan`'s endpoint is one this machine reaches (a forward for a loopback API); `shown` is
+    the plan as the user knows it."""
     from . import serve
     from .load_view import LoadView
     from .serve_plan import launch_diff, launch_record
@@ -251,8 +261,9 @@ def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> 
                 + "\n  ".join(changed)
                 + f"\n  hint: `spark-cluster up {inventory} --restart` replaces it; `down` stops it")
         if serve.readiness(plan) is None:
-            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
-            events.emit("ready", reused=True, endpoint=plan.endpoint, model=plan.served_model_name)
+            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {shown.endpoint}: reused")
+            ui.forward_hint(shown)
+            events.emit("ready", reused=True, endpoint=shown.endpoint, model=plan.served_model_name)
             return
         # Started earlier (an `up` left with Ctrl-C): follow that start from its first line.
         ui.console.print(f"  vLLM of this cluster is still starting on {plan.head.node}: following it")
@@ -274,8 +285,8 @@ def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> 
             "`down` stops it") from None
     finally:
         signal.signal(signal.SIGINT, previous)
-    ui.ready_summary(plan, progress)
-    events.emit("ready", reused=False, endpoint=plan.endpoint, model=plan.served_model_name,
+    ui.ready_summary(shown, progress)
+    events.emit("ready", reused=False, endpoint=shown.endpoint, model=plan.served_model_name,
                 seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
                 loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
                 phases={k: round(v, 3) for k, v in progress.phase_times.items()})
@@ -459,8 +470,8 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     """
     from . import bench as sweep_
     from .errors import UsageError
-    from .recipes import load_recipe
-    from .serve import api_key, readiness, running
+    from .reach import reach
+    from .serve import running
     from .serve_plan import serve_plan
 
     try:
@@ -471,11 +482,20 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     plan = serve_plan(inv)
     # Asked over SSH first: a stopped cluster is said as such, and no request goes to an
     # endpoint that is not this cluster's.
-    with fleet_for(inv, only=inv.head.name) as fleet:
+    with fleet_for(inv, only=inv.head.name) as fleet, reach(plan, fleet) as reachable:
         if not running(fleet.node(plan.head.node), plan.head):
             raise SparkClusterError(f"vLLM of this cluster is not running on {plan.head.node}\n"
                                     f"  hint: spark-cluster up {inventory}")
-    problem = readiness(plan)  # also the warm-up request
+        return _bench(inventory, plan, reachable, levels, max_tokens, prompt, as_json)
+
+
+def _bench(inventory: str, plan, reachable, levels, max_tokens: int, prompt: str | None,  # noqa: ANN001 - ServePlan, ServePlan, list[int]
+           as_json: bool) -> int:
+    from . import bench as sweep_
+    from .recipes import load_recipe
+    from .serve import api_key, readiness
+
+    problem = readiness(reachable)  # also the warm-up request
     if problem is not None:
         raise SparkClusterError(f"vLLM at {plan.endpoint} does not serve yet: {problem}\n"
                                 f"  hint: `spark-cluster up {inventory}` follows its start")
@@ -483,7 +503,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     if not as_json:
         ui.console.print(f"bench {plan.served_model_name} at {plan.endpoint}: {max_tokens} tokens per request, "
                          f"concurrency {', '.join(map(str, levels))}")
-    done = sweep_.sweep(plan.endpoint, plan.served_model_name, api_key(plan), levels, max_tokens,
+    done = sweep_.sweep(reachable.endpoint, plan.served_model_name, api_key(plan), levels, max_tokens,
                         prompt or sweep_.PROMPT, on_level=(lambda _: None) if as_json else ui.bench_level)
     if as_json:
         ui.console.out(json.dumps({

@@ -266,6 +266,20 @@ class JsonLines:
                              highlight=False)
 
 
+def plan_notes(plan) -> None:  # noqa: ANN001 - ServePlan
+    """What the plan warns of (an idle Spark, an open endpoint) and the recipe's pitfalls."""
+    for text in plan.warnings:
+        err_console.print(Text("warning: ", style="bold yellow") + Text(text))
+    for text in plan.pitfalls:
+        err_console.print(Text("pitfall: ", style="yellow") + Text(text))
+
+
+def forward_hint(plan) -> None:  # noqa: ANN001 - ServePlan
+    if plan.forward:
+        console.print(f"  vLLM listens on {plan.bind_host} of {plan.head.node} only ({plan.listen}); "
+                      f"from your machine: {plan.forward}")
+
+
 def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Progress
     state = progress.state
     gib = ", ".join(f"{g:g}" for g in state.weights_gib) or "?"
@@ -279,6 +293,7 @@ def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Pr
         console.print(f"  {node}: {used:.1f} GiB of memory in use (+{resident.get(node, 0.0):.1f} GiB since "
                       f"the start)" + (f", {loaded:g} GiB of weights" if loaded is not None else ""))
     console.print("  phases: " + ", ".join(f"{phase} {took:.1f} s" for phase, took in progress.durations()))
+    forward_hint(plan)
     console.print(f"  try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
                   f"-d '{{\"model\": \"{plan.served_model_name}\", \"messages\": "
                   f"[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")

@@ -56,7 +56,7 @@ def closed_inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     text = SIM.read_text()
     text = text.replace("/run/spark-lab/id_ed25519", str(key)).replace("/run/spark-lab/known_hosts", str(known))
     port = _closed_port()
-    text = text.replace("10.117.0.11", "127.0.0.1").replace("10.117.0.12", "127.0.0.2")
+    text = text.replace("name: sim", "name: closed-port-test").replace("10.117.0.11", "127.0.0.1").replace("10.117.0.12", "127.0.0.2")
     text = text.replace("    port: 22\n", f"    port: {port}\n").replace("connect_timeout: 5", "connect_timeout: 2")
     path = base / "closed.yaml"
     path.write_text(text)
@@ -107,3 +107,19 @@ def test_diagnose_of_a_missing_log_exits_2(missing: str) -> None:
     code, out, err = run(["diagnose", "--log", f"/nonexistent/{missing}"])
     assert_clean(code, out, err)
     assert code == 2 and "hint:" in err
+
+
+def test_lan_without_a_key_needs_the_opt_in(tmp_path: Path) -> None:
+    lab = (ROOT / "inventories" / "lab.yaml").read_text()
+    inv = tmp_path / "open.yaml"
+    inv.write_text(lab.replace("  hf_cache: ~/.cache/huggingface", "  hf_cache: ~/.cache/huggingface\n  listen: lan"))
+    code, out, err = run(["validate", str(inv)])
+    line = next(i + 1 for i, text in enumerate(inv.read_text().splitlines()) if text == "  listen: lan")
+    assert code == 2 and f"{inv}:{line}: model.listen: lan without model.api_key_env" in err
+    assert "open_without_key: true" in err
+    inv.write_text(inv.read_text().replace("  listen: lan", "  listen: lan\n  open_without_key: true"))
+    code, out, err = run(["up", str(inv), "--dry-run"])
+    assert code == 0 and "--host 0.0.0.0" in out
+    assert "# warning: vLLM listens on every interface of spark-a without an API key" in out
+    code, out, err = run(["up", str(ROOT / "inventories" / "lab.yaml"), "--dry-run"])
+    assert code == 0 and "0.0.0.0" not in out and "--host 127.0.0.1" in out

@@ -349,6 +349,9 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
         "model:",
         f"  name: {CHECKPOINT_REPO}",
         "  hf_cache: /root/.cache/huggingface",
+        # The lab's management network is this machine's own: tests reach the API there.
+        "  listen: lan",
+        "  open_without_key: true",
         "",
     ]
     return "\n".join(lines)
