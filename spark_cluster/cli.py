@@ -182,6 +182,10 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, events:
         ui.stage(1, "check", f"{len(inv.nodes)} nodes")
         report = preflight(inv, fleet)
+        lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
+        if lacking:
+            _pull_image(inv, fleet, lacking, events)
+            report = preflight(inv, fleet)
         if report.blockers:
             ui.check_report(report_dict(report, [n.name for n in inv.nodes]))
             raise SparkClusterError(
@@ -208,6 +212,26 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             _serve(fleet, plan, inv, timeout_s, stalled_after, events)
         ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
+
+
+def _pull_image(inv, fleet, nodes: list[str], events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
+    """The image is missing on some nodes: pull it there, showing docker's progress, no time limit."""
+    from .image_pull import pull_missing
+
+    image = inv.cluster.image or ""
+    ui.stage(1, "pull", f"{image} on {', '.join(nodes)} (not there yet)")
+    shown: dict[str, str] = {}
+
+    def progress(node: str, line: str) -> None:
+        if line and shown.get(node) != line:
+            shown[node] = line
+            ui.console.print(f"  {node}: {line}", markup=False)
+            events.emit("pull", node=node, line=line)
+
+    took = pull_missing(fleet, nodes, inv.cluster.name, image, progress)
+    for node, seconds in took.items():
+        ui.console.print(f"  {node}: pulled in {seconds:.0f} s")
+    events.emit("pulled", image=image, nodes={n: round(s, 3) for n, s in took.items()})
 
 
 def _stop_vllm_for_restart(fleet, plan) -> None:  # noqa: ANN001 - Fleet, ServePlan
