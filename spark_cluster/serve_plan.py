@@ -28,6 +28,7 @@ from .facts_probe import remote_path
 from .inventory import Inventory, NodeSpec
 from .ray_plan import container_name, node_env, plan_mp, state_dir, worker_only_env
 from .recipes import Recipe, load_recipe
+from .secrets import REDACTED, is_secret
 
 __all__ = ["API_PORT", "NodeCommand", "ServePlan", "ServePlanError", "merge_args", "parse_argv", "serve_plan"]
 
@@ -35,7 +36,6 @@ API_PORT = 8000
 API_KEY_VAR = "VLLM_API_KEY"  # vLLM's own: its API server takes the key from here as from --api-key
 CONTAINER_HF_HOME = "/root/.cache/huggingface"  # where ray_plan.docker_run mounts the node's HF cache
 VLLM_MODULE = "vllm.entrypoints.cli.main"  # the `vllm` console script, for `python -m` on hosts
-REDACTED = "<redacted>"
 
 # Short spellings vLLM accepts, written out so an override meets the recipe's flag.
 _ALIASES = {
@@ -46,7 +46,6 @@ _ALIASES = {
 _MANAGED = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless", "--model"}
 # Flags whose value is a secret: never written in an inventory.
 _SECRET_FLAGS = {"--api-key", "--hf-token"}
-_SECRET_NAME = re.compile(r"(?i)(token|secret|passw|credential|api_?key|(^|_)key$|^auth)")
 _NUMBER = re.compile(r"-\.?[0-9]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -75,17 +74,25 @@ class NodeCommand:
     # Variables the process gets from the user's environment: {name on the node: local name}.
     secrets: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
+    @property
+    def secret_env_names(self) -> tuple[str, ...]:
+        """The variables of `env` whose values are secrets (HF_TOKEN, ...)."""
+        return tuple(k for k in self.env if is_secret(k))
+
     def shell(self, redact: bool = True, exported: bool = False) -> str:
         """The command as a user would type it on the node: ``KEY=value ... vllm serve ...``.
 
         ``exported``: the secrets are already exported in the shell that runs the line (how
         the launcher runs it), so the line only passes them on, by name.
         """
-        env = " ".join(f"{k}={_shell_value(k, v, redact)}" for k, v in self.env.items())
+        # Exported: the secret variables of `env` are in the shell too (serve.start_command).
+        hidden = self.secret_env_names if exported else ()
+        env = " ".join(f"{k}={_shell_value(k, v, redact)}" for k, v in self.env.items() if k not in hidden)
         words = " ".join(_shell_word(w) for w in self.argv)
         given = "" if exported else "".join(f'{k}="${v}" ' for k, v in self.secrets.items())
         if self.container is not None:
-            passed = "".join(f"-e {k} " for k in self.secrets)  # docker copies the value, not argv
+            # docker copies the value from its own environment: only the name is on its argv.
+            passed = "".join(f"-e {k} " for k in (*self.secrets, *hidden))
             return f"{given}docker exec {passed}{shlex.quote(self.container)} env {env} {words}"
         return f"{given}{env} {words}"
 
@@ -399,7 +406,7 @@ def _shell_word(word: str) -> str:
 
 
 def _shell_value(name: str, value: str, redact: bool) -> str:
-    if redact and _SECRET_NAME.search(name):
+    if redact and is_secret(name):
         return shlex.quote(REDACTED)
     if value == "~" or value.startswith("~/"):
         return remote_path(value)
