@@ -399,21 +399,31 @@ def down(inventory: str) -> int:
 
 
 @cli.command()
-@click.option("--log", "log_file", required=True, metavar="FILE", help="A vLLM server log (stdout+stderr).")
+@click.option("--log", "log_file", metavar="FILE", help="A vLLM server log (stdout+stderr).")
+@click.option("--host-output", "host_file", metavar="FILE",
+              help="Outputs of nvidia-smi, dmesg, dpkg -l, ... pasted from one host (docs/diagnose.md).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable conclusion (docs/diagnose.md).")
 @click.option("--stalled-after", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Also call a still-starting log dead when the file has not grown for this long "
                    f"(for a log that is being written now; {STALLED_AFTER_S:.0f} s is what `up` uses). "
                    "Without it the log is judged on its lines alone.")
-def diagnose(log_file: str, as_json: bool, stalled_after: float | None) -> int:
-    """Read a vLLM log: ready, failed or still loading; phase, shards, load time, cause.
+def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled_after: float | None) -> int:
+    """Read a vLLM log (--log), or a host's pasted command outputs (--host-output).
 
-    A saved log is judged on its lines: its file's age says nothing about the server.
-    Exit 0 for ready or loading, 1 for failed, 2 when the file cannot be read.
+    --log: ready, failed or still loading; phase, shards, load time, cause; exit 0 for ready or
+    loading, 1 for failed. A saved log is judged on its lines: its file's age says nothing about
+    the server. --host-output: the findings `check` would give on what the paste shows, and what
+    it does not show; exit 0 healthy, 1 a fault. Exit 2 when the file cannot be read.
     """
     from .diagnose import NEXT_STEP, diagnose_log
     from .errors import UsageError
 
+    if (log_file is None) == (host_file is None):
+        raise UsageError("diagnose needs one of --log FILE (a vLLM log) or --host-output FILE (pasted "
+                         "command outputs of one host)\n  hint: spark-cluster diagnose --host-output paste.txt")
+    if host_file is not None:
+        return _diagnose_host(Path(host_file), as_json)
+    assert log_file is not None
     path = Path(log_file)
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
@@ -439,6 +449,44 @@ def diagnose(log_file: str, as_json: bool, stalled_after: float | None) -> int:
         if data["cause"]:
             ui.console.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
     return 1 if data["outcome"] == "failed" else 0
+
+
+def _diagnose_host(path: Path, as_json: bool) -> int:
+    from .errors import UsageError
+    from .host_paste import diagnose_host_output
+
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}\n"
+                         "  hint: save what the host printed (nvidia-smi, dmesg | grep NVRM, dpkg -l | grep nvidia, "
+                         "...) into a file and pass it") from exc
+    data = diagnose_host_output(text)
+    if not data["recognised"]:
+        raise UsageError(f"{path}: no output of a known command found (nvidia-smi, /proc/driver/nvidia/version, "
+                         "uname, lsmod, modinfo, modprobe, dpkg -l, dkms status, dmesg/journalctl -k, apt history, "
+                         "ibstat, rdma link, ibdev2netdev)\n  hint: paste the commands' output as the host printed it")
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+        return 0 if data["ok"] else 1
+    shown = ", ".join(s["command"] or s["tool"] for s in data["recognised"])
+    ui.console.print(f"recognised: {shown}", markup=False)
+    for f in data["findings"]:
+        ui.console.print(f"{f['severity']:>8} {f['id']}: {f['message']}", markup=False)
+        if f["evidence"]:
+            ui.console.print(f"          evidence: {f['evidence']}", markup=False)
+        fix_ = f["fix"] or {}
+        for command in fix_.get("commands") or []:
+            ui.console.print(f"          run: {command}", markup=False)
+        if fix_.get("note"):
+            ui.console.print(f"          fix: {fix_['note']}", markup=False)
+    if not data["findings"]:
+        ui.console.print("no fault in what the paste shows", markup=False)
+    if data["unknown"]:
+        ui.console.print("unknown (not in the paste):", markup=False)
+        for item in data["unknown"]:
+            ui.console.print(f"  - {item}", markup=False)
+    return 0 if data["ok"] else 1
 
 
 @cli.command()
@@ -549,19 +597,21 @@ def lab() -> None:
 @click.option("--nodes", "count", default=2, show_default=True, help="How many Sparks.")
 @click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the lab's inventory here.")
-def lab_up(count: int, inventory_out: Path | None) -> int:
+@click.option("--engine", type=click.Choice(["real", "emulator"]), default="emulator", show_default=True,
+              help="The vLLM the inventory runs: the real vLLM CPU build, or the emulator.")
+def lab_up(count: int, inventory_out: Path | None, engine: str) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     from .sim import lab as simlab
 
     started = time.monotonic()
-    lab_, created = simlab.up(count, inventory_out)
+    lab_, created = simlab.up(count, inventory_out, engine=engine)
     verb = "up" if created else "already up"
     ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:
         ui.console.print(f"  {node.name}  {node.address}  namespace {node.namespace}")
     ui.console.print(f"  key {lab_.identity}, known_hosts {lab_.known_hosts}")
     if inventory_out is not None:
-        ui.console.print(f"  inventory written to {inventory_out}")
+        ui.console.print(f"  inventory written to {inventory_out} (engine: {engine})")
     return 0
 
 

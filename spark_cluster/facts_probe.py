@@ -94,6 +94,9 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
         Probe("secure_boot", "mokutil --sb-state"),
         Probe("reboot_required", "cat /var/run/reboot-required"),
     ]
+    from .host_probes import COMMANDS
+
+    probes += [Probe(name, command) for name, command in COMMANDS.items()]
     # Processes of this cluster's own Ray and vLLM sessions, and of its container (where
     # `docker exec` puts vLLM outside our session): not "another model server".
     state = remote_path(f"~/.cache/spark-cluster/{inventory.cluster.name}")

@@ -22,6 +22,16 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     driver.check_driver,
     driver.check_next_boot,
     driver.check_rdma_modules,
+    driver.check_kernel_log,
+    driver.check_probes,
+)
+# What a pasted host output can be judged by (`diagnose --host-output`): the checks of one node
+# that need no inventory.
+HOST_CHECKS: tuple[NodeCheck, ...] = (
+    driver.check_driver,
+    driver.check_next_boot,
+    driver.check_rdma_modules,
+    driver.check_kernel_log,
 )
 CLUSTER_CHECKS: tuple[ClusterCheck, ...] = (
     link.check_links,
@@ -57,4 +67,4 @@ def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[Fin
     return findings
 
 
-__all__ = ["CLUSTER_CHECKS", "NODE_CHECKS", "Finding", "Severity", "run_checks"]
+__all__ = ["CLUSTER_CHECKS", "HOST_CHECKS", "NODE_CHECKS", "Finding", "Severity", "run_checks"]
