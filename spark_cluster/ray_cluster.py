@@ -116,7 +116,7 @@ def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
     and no command line holds their values."""
     d = _dir(inventory)
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in node_plan.env.items())
-    carry = shlex.quote(non_carry_over_file())
+    carry = shlex.quote(non_carry_over_file(sorted(node_plan.secrets)))
     return (
         f"{exports(list(node_plan.secrets))}"
         f"set -e; d={d}; mkdir -p \"$d\" \"$HOME/.config/vllm\"; "

@@ -148,7 +148,8 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
         args += ["-e", f"{key}={value}"]
     words = " ".join(shlex.quote(a) for a in args)
     mount = f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"
-    start = node_plan.start
+    # In the container's own home: where the vLLM that `docker exec` starts there looks.
+    start = write_non_carry_over(sorted(node_plan.secrets)) + node_plan.start
     if node_plan.secrets:
         # Not `-e K=V` (argv, and `docker inspect`): a 0600 file the container sources and removes.
         state = remote_path(state_dir(cluster.name))
@@ -157,9 +158,21 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
     return f"{words} {mount} {shlex.quote(cluster.image or '')} -c {shlex.quote(start)}"
 
 
-def non_carry_over_file() -> str:
-    """vLLM reads this list on every node and keeps those variables node-local."""
-    return json.dumps(sorted(PER_NODE_VARS))
+# Never copied from vLLM's driver into Ray's task specs (Ray logs and stores those): each Ray node
+# has the secrets in its own environment already, from its start.
+SECRET_VARS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def non_carry_over_file(secrets: tuple[str, ...] | list[str] = ()) -> str:
+    """vLLM reads this list on every node and does not copy these variables to its Ray workers:
+    the per-node ones stay node-local, the secrets stay out of Ray's task specs and logs."""
+    return json.dumps(sorted({*PER_NODE_VARS, *SECRET_VARS, *secrets}))
+
+
+def write_non_carry_over(secrets: tuple[str, ...] | list[str] = ()) -> str:
+    """Shell that writes the list where vLLM reads it (VLLM_CONFIG_ROOT, ~/.config/vllm by default)."""
+    return ('mkdir -p "$HOME/.config/vllm" && printf \'%s\\n\' '
+            f'{shlex.quote(non_carry_over_file(secrets))} > "$HOME/.config/vllm/ray_non_carry_over_env_vars.json"; ')
 
 
 def config_digest(inventory: Inventory) -> str:
