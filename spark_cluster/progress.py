@@ -46,7 +46,7 @@ _PG_WAIT = re.compile(r"Waiting for creating a placement group of specs for (\d+
 _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cause, re.compile(rx)) for cause, rx in (
     ("placement-group", r"Cannot provide a placement group|Current node has no GPU available"
                         r"|Every node should have a unique IP address"),
-    ("kv-cache-memory", r"No available memory for the cache blocks"
+    ("kv-cache-memory", r"No available memory for the cache blocks|Available KV cache memory: -\d"
                         r"|KV cache is needed, which is larger than the available KV cache memory"),
     # `CUDA driver error` is how custom ops (e.g. gptq_marlin_repack while loading) report it.
     ("oom", r"CUDA out of memory|OutOfMemoryError|Failed to load model - not enough GPU memory"
@@ -66,9 +66,15 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cause, re.compile(rx
                     r"|EngineCore encountered a fatal error|died unexpectedly|EngineDeadError|ActorDiedError"
                     r"|The actor is dead because"  # Ray's reason under ActorDiedError; a log tail may keep only it
                     r"|Application startup failed|Timed out waiting for engine core processes"
-                    r"|WorkerProc failed to start|AsyncLLM output_handler failed"),
+                    r"|WorkerProc failed to start|AsyncLLM output_handler failed"
+                    # A rank killed by a signal: Python's faulthandler, absl's handler (Ray's C++
+                    # processes), torch.distributed's elastic agent. Often the last line there is.
+                    r"|^Fatal Python error: (?:Segmentation fault|Aborted|Bus error|Floating point exception"
+                    r"|Illegal instruction)|\*\*\* SIG[A-Z]+ received at time"
+                    r"|Signal \d+ \(SIG[A-Z]+\) received by PID|(?:killed|terminated) by signal SIG[A-Z]+"),
     ("other", r"^Traceback \(most recent call last\)|^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): \S"),
 ))
+_NEGATIVE_KV = re.compile(r"Available KV cache memory: -\d")
 _RAISED = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): ")
 _RANK = {"other": 1, "engine-died": 2}  # every other cause: 3 (it names the root)
 
@@ -168,7 +174,7 @@ def parse_line(line: str) -> Event | None:
     bar = _BAR.search(message)
     if bar:
         return Event("progress", "weights", shown, message, n=int(bar["n"]), total=int(bar["total"]))
-    if not quiet:
+    if not quiet or _NEGATIVE_KV.search(message):  # vLLM logs the negative budget at INFO
         for cause, pattern in _FAILURES:
             if pattern.search(message):
                 return Event("failure", None, shown, message, cause=cause)

@@ -392,7 +392,10 @@ def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator")
         args = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
                          for k, v in engines.REAL_ARGS.items())
         lines.append("  args: {" + args + "}")
-    lines += ["  hf_cache: /root/.cache/huggingface", ""]
+    lines += ["  hf_cache: /root/.cache/huggingface",
+              "  # The lab's network is this machine's own: its API is open there on purpose.",
+              "  # On real Sparks leave listen out (loopback, through SSH) or set api_key_env.",
+              "  listen: lan", "  open_without_key: true", ""]
     return "\n".join(lines)
 
 

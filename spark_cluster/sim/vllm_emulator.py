@@ -71,6 +71,17 @@ from spark_cluster.sim.vllm_worker import (  # noqa: F401 - vllm_mp and the test
 )
 
 
+
+def _non_carry_over() -> set[str]:
+    """vLLM's RAY_NON_CARRY_OVER_ENV_VARS: variables it never copies to its Ray workers."""
+    root = os.environ.get("VLLM_CONFIG_ROOT") or os.path.join(os.path.expanduser("~"), ".config", "vllm")
+    try:
+        with open(os.path.join(root, "ray_non_carry_over_env_vars.json")) as f:
+            return set(json.load(f))
+    except (OSError, ValueError):
+        return set()
+
+
 class _Terminated(Exception):
     pass
 
@@ -176,7 +187,8 @@ class Engine:
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("VLLM_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_", "SPARK_LAB_"))}
         env.pop("VLLM_HOST_IP", None)
-        env.pop("VLLM_API_KEY", None)  # only the API server needs it; keep it out of Ray's task specs
+        for name in _non_carry_over():  # as vllm/ray/ray_env.py: the list the launcher wrote
+            env.pop(name, None)
         self.workers = [
             cls.options(num_cpus=0, num_gpus=1, max_concurrency=2, runtime_env={"env_vars": env},
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
