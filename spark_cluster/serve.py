@@ -445,6 +445,23 @@ def _raise_worker_failure(fleet: Fleet, plan: ServePlan) -> None:
             raise _diagnosis(plan, state, command.node, command.log_path)
 
 
+def stopped_failure(fleet: Fleet, plan: ServePlan, lines: int = 400) -> dict | None:
+    """Why a started vLLM no longer serves, from the logs: the node whose log failed first in
+    launch order (a worker of mp before the head, whose log only says its peer vanished), its
+    cause and evidence line; None when no log shows a failure."""
+    ordered = [c for c in plan.commands if not c.is_head] + [c for c in plan.commands if c.is_head]
+    for command in ordered:
+        try:
+            text = fleet.node(command.node).run(f"tail -n {lines} {_log(command)}", timeout=30).stdout
+        except SparkClusterError:
+            continue
+        state = track(text)
+        if state.outcome == "failed":
+            return {"node": command.node, "cause": state.cause or "other",
+                    "evidence": state.evidence or state.last_line, "log": command.log_path}
+    return None
+
+
 def _settle(head: Node, log: str, lines_done: int, deadline_s: float = 5.0) -> str:
     """The log's lines after `lines_done`, once it has stopped growing (or the deadline)."""
     end = time.monotonic() + deadline_s
