@@ -146,9 +146,15 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
     return f"{words} {mount} {shlex.quote(cluster.image or '')} -c {shlex.quote(node_plan.start)}"
 
 
+# Never copied from vLLM's driver into Ray's task specs (Ray logs and stores those): each Ray node
+# has the secrets in its own environment already, from its start.
+SECRET_VARS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
 def non_carry_over_file() -> str:
-    """vLLM reads this list on every node and keeps those variables node-local."""
-    return json.dumps(sorted(PER_NODE_VARS))
+    """vLLM reads this list on every node and does not copy these variables to its Ray workers:
+    the per-node ones stay node-local, the secrets stay out of Ray's task specs and logs."""
+    return json.dumps(sorted({*PER_NODE_VARS, *SECRET_VARS}))
 
 
 def config_digest(inventory: Inventory) -> str:

@@ -112,3 +112,43 @@ def test_home_paths_are_expanded_in_every_launch_line() -> None:
             assert '"$HOME"/venv/bin/python -m vllm.entrypoints.cli.main serve' in line
             assert '--chat-template "$HOME"/templates/chat.jinja' in line
             assert "'~" not in line and shlex.split(line)  # still one valid shell line
+
+
+def _worker_on_other_ports(inv):  # type: ignore[no-untyped-def]
+    """spark-b cabled to its other port: its own interface and HCA names differ from the head's."""
+    b = inv.nodes[1]
+    rails = tuple(dataclasses.replace(r, interface=r.interface.replace("f1", "f0"), hca=r.hca.replace("f1", "f0"))
+                  for r in b.link.rails)
+    b = dataclasses.replace(b, link=dataclasses.replace(b.link, rails=rails))
+    return dataclasses.replace(inv, nodes=(inv.nodes[0], b))
+
+
+@pytest.mark.parametrize("rule", ["overwrite", "setdefault"])  # vLLM 0.19's copy, 0.33's
+def test_each_ray_worker_keeps_its_own_link_and_never_gets_a_secret(rule: str, tmp_path: Path) -> None:
+    import json
+
+    from spark_cluster.ray_plan import node_env, non_carry_over_file
+    from spark_cluster.sim.vllm_worker import apply_driver_env, driver_env_vars, non_carry_over
+
+    inv = _worker_on_other_ports(dataclasses.replace(LAB, model=dataclasses.replace(
+        LAB.model, api_key_env="SPARK_API_KEY")))
+    (tmp_path / "ray_non_carry_over_env_vars.json").write_text(non_carry_over_file())
+    excluded = non_carry_over({"VLLM_CONFIG_ROOT": str(tmp_path)})
+    # The head's vLLM runs with its plan's environment and the key its shell exported.
+    driver = {**serve_plan(inv).head.env, "VLLM_API_KEY": "sk-secret", "HF_TOKEN": "hf_secret", "PATH": "/usr/bin"}
+    sent = driver_env_vars(driver, excluded, rule)
+    worker_spec = inv.nodes[1]
+    own = node_env(inv, worker_spec)  # what the worker node's `ray start` gave its processes
+    worker = dict(own)
+    apply_driver_env(worker, sent, rule)
+    for name in ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME"):
+        assert worker[name] == own[name] and worker[name] != driver[name], name
+    assert worker["VLLM_HOST_IP"] == str(worker_spec.link_address)
+    assert "VLLM_API_KEY" not in sent and "HF_TOKEN" not in sent and "sk-secret" not in json.dumps(worker)
+    assert worker["HF_HUB_OFFLINE"] == "1"  # what the workers do need still travels
+    # Without the list, both rules would hand the key to every worker (and the head's link names, under 0.19).
+    leaked = dict(own)
+    apply_driver_env(leaked, driver_env_vars(driver, set(), rule), rule)
+    assert leaked["VLLM_API_KEY"] == "sk-secret"
+    if rule == "overwrite":
+        assert leaked["NCCL_SOCKET_IFNAME"] == driver["NCCL_SOCKET_IFNAME"]
