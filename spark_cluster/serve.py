@@ -26,7 +26,9 @@ from .remote import Fleet, Node
 from .serve_plan import NodeCommand, ServePlan, launch_record
 from .session import stop_session_command
 
-_IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)\)")  # Ray's prefix of a remote actor's line
+# Ray's prefix of a remote actor's line, or the header of a RayTaskError (which names every rank's ip:
+# `ray::RayWorkerProc.load_model() (pid=N, ip=X, actor_id=…)`, how vLLM 0.33's driver learns of a rank's error).
+_IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)[,)]")
 _ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\-]+)?\)")  # any rank's line
 
 POLL_S = 1.0
