@@ -152,3 +152,27 @@ def test_each_ray_worker_keeps_its_own_link_and_never_gets_a_secret(rule: str, t
     assert leaked["VLLM_API_KEY"] == "sk-secret"
     if rule == "overwrite":
         assert leaked["NCCL_SOCKET_IFNAME"] == driver["NCCL_SOCKET_IFNAME"]
+
+
+def test_the_emulator_takes_every_launch_real_vllm_takes() -> None:
+    """What tests/test_vllm_parser.py proves real vLLM accepts, the lab's emulator accepts too."""
+    from spark_cluster.sim import vllm_args
+
+    for recipe in recipe_names():
+        for executor in ("ray", "mp"):
+            cluster = dataclasses.replace(LAB.cluster, executor=executor)
+            inv = dataclasses.replace(LAB, cluster=cluster, model=dataclasses.replace(LAB.model, recipe=recipe))
+            for command in serve_plan(inv, vllm_version="0.33.0").commands:
+                argv = list(command.argv)
+                vllm_args.parse(argv[argv.index("serve"):])
+    words = ["serve", "m", "--no-enforce-eager", "--disable-expert-parallel", "-O3", "--moe-backend", "Marlin",
+             "--linear-backend", "flashinfer-b12x", "--enable-chunked-prefill", "--block-size", "32",
+             "--async-scheduling", "--speculative-config", '{"method":"ngram"}', "--disable-custom-all-reduce",
+             "--disable-log-stats", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+             "--enable-auto-tool-choice", "--max-num-batched-tokens", "8k", "--api-key", "a", "b",
+             "--kv-cache-dtype", "nvfp4", "--no-enable-prefix-caching", "--compilation-config", '{"mode":3}']
+    args = vllm_args.parse(words)
+    assert (args.moe_backend, args.linear_backend, args.max_num_batched_tokens) == ("marlin", "flashinfer_b12x", 8000)
+    assert args.api_key == ["a", "b"] and args.enable_expert_parallel is False and args.enforce_eager is False
+    with pytest.raises(SystemExit):
+        vllm_args.parse(["serve", "m", "--moe-backend", "cutlass-fp4"])
