@@ -176,11 +176,16 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
         from .serve import secret_values
 
         secret_values(plan.head)  # a key named but not set here: say so before anything starts
+        ui.plan_notes(plan)
     started = time.monotonic()
     events = ui.JsonLines(enabled=as_json)
     with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, events:
         ui.stage(1, "check", f"{len(inv.nodes)} nodes")
         report = preflight(inv, fleet)
+        lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
+        if lacking:
+            _pull_image(inv, fleet, lacking, events)
+            report = preflight(inv, fleet)
         if report.blockers:
             ui.check_report(report_dict(report, [n.name for n in inv.nodes]))
             raise SparkClusterError(
@@ -229,6 +234,26 @@ def _plan_for_installed_vllm(inv, plan, report):  # noqa: ANN001, ANN202 - Inven
     return plan
 
 
+def _pull_image(inv, fleet, nodes: list[str], events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
+    """The image is missing on some nodes: pull it there, showing docker's progress, no time limit."""
+    from .image_pull import pull_missing
+
+    image = inv.cluster.image or ""
+    ui.stage(1, "pull", f"{image} on {', '.join(nodes)} (not there yet)")
+    shown: dict[str, str] = {}
+
+    def progress(node: str, line: str) -> None:
+        if line and shown.get(node) != line:
+            shown[node] = line
+            ui.console.print(f"  {node}: {line}", markup=False)
+            events.emit("pull", node=node, line=line)
+
+    took = pull_missing(fleet, nodes, inv.cluster.name, image, progress)
+    for node, seconds in took.items():
+        ui.console.print(f"  {node}: pulled in {seconds:.0f} s")
+    events.emit("pulled", image=image, nodes={n: round(s, 3) for n, s in took.items()})
+
+
 def _stop_vllm_for_restart(fleet, plan) -> None:  # noqa: ANN001 - Fleet, ServePlan
     """--restart replaces Ray too, which would kill vLLM's engine mid-flight: stop vLLM first."""
     from . import serve
@@ -255,6 +280,15 @@ def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventor
 
 
 def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
+    from .reach import reach
+
+    with reach(plan, fleet) as reachable:
+        _serve_reached(fleet, plan, reachable, inv, timeout_s, stalled_after, events)
+
+
+def _serve_reached(fleet, shown, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, ServePlan, Inventory, JsonLines
+    """`plan`'s endpoint is one this machine reaches (a forward for a loopback API); `shown` is
+    the plan as the user knows it."""
     from . import serve
     from .load_view import LoadView
     from .serve_plan import launch_diff, launch_record
@@ -271,8 +305,9 @@ def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> 
                 + "\n  ".join(changed)
                 + f"\n  hint: `spark-cluster up {inventory} --restart` replaces it; `down` stops it")
         if serve.readiness(plan) is None:
-            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
-            events.emit("ready", reused=True, endpoint=plan.endpoint, model=plan.served_model_name)
+            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {shown.endpoint}: reused")
+            ui.forward_hint(shown)
+            events.emit("ready", reused=True, endpoint=shown.endpoint, model=plan.served_model_name)
             return
         # Started earlier (an `up` left with Ctrl-C): follow that start from its first line.
         ui.console.print(f"  vLLM of this cluster is still starting on {plan.head.node}: following it")
@@ -294,10 +329,11 @@ def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> 
             "`down` stops it") from None
     finally:
         signal.signal(signal.SIGINT, previous)
-    ui.ready_summary(plan, progress)
+    ui.ready_summary(shown, progress)
     for finding in progress.state.findings:
         ui.console.print(f"  [yellow]warning[/]: {finding}")
-    events.emit("ready", reused=False, findings=list(progress.state.findings), endpoint=plan.endpoint, model=plan.served_model_name,
+    events.emit("ready", reused=False, findings=list(progress.state.findings), endpoint=shown.endpoint,
+                model=plan.served_model_name,
                 seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
                 loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
                 phases={k: round(v, 3) for k, v in progress.phase_times.items()})
@@ -390,14 +426,17 @@ def down(inventory: str) -> int:
 @click.option("--host-output", "host_file", metavar="FILE",
               help="Outputs of nvidia-smi, dmesg, dpkg -l, ... pasted from one host (docs/diagnose.md).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable conclusion (docs/diagnose.md).")
-@click.option("--stalled-after", default=STALLED_AFTER_S, show_default=True, metavar="SECONDS",
-              help="A still-starting log that has not grown for this long is called dead (0: never).")
-def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled_after: float) -> int:
+@click.option("--stalled-after", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Also call a still-starting log dead when the file has not grown for this long "
+                   f"(for a log that is being written now; {STALLED_AFTER_S:.0f} s is what `up` uses). "
+                   "Without it the log is judged on its lines alone.")
+def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled_after: float | None) -> int:
     """Read a vLLM log (--log), or a host's pasted command outputs (--host-output).
 
     --log: ready, failed or still loading; phase, shards, load time, cause; exit 0 for ready or
-    loading, 1 for failed. --host-output: the findings `check` would give on what the paste shows,
-    and what it does not show; exit 0 healthy, 1 a fault. Exit 2 when the file cannot be read.
+    loading, 1 for failed. A saved log is judged on its lines: its file's age says nothing about
+    the server. --host-output: the findings `check` would give on what the paste shows, and what
+    it does not show; exit 0 healthy, 1 a fault. Exit 2 when the file cannot be read.
     """
     from .diagnose import NEXT_STEP, diagnose_log
     from .errors import UsageError
@@ -411,12 +450,12 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
     path = Path(log_file)
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
-        idle = time.time() - path.stat().st_mtime if stalled_after > 0 else None
+        idle = time.time() - path.stat().st_mtime if stalled_after is not None else None
     except OSError as exc:
         raise UsageError(f"cannot read the log {path}: {exc.strerror or exc}\n"
                          f"  hint: pass the file vLLM writes to, e.g. `vllm serve ... 2>&1 | tee vllm.log`, "
                          f"then `spark-cluster diagnose --log vllm.log`") from exc
-    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or float("inf"))
+    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or STALLED_AFTER_S)
     if as_json:
         ui.console.out(json.dumps(data, indent=2))
     else:
@@ -427,7 +466,7 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
                              ("shards", shards), ("load time", load), ("weights", gib),
                              ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
             ui.console.print(f"{label:>9}: {value}", markup=False)
-        if data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
+        if idle is not None and data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
             ui.console.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
                              f"so the server is taken for dead (inferred)", markup=False)
         if data["cause"]:
@@ -526,8 +565,8 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     """
     from . import bench as sweep_
     from .errors import UsageError
-    from .recipes import load_recipe
-    from .serve import api_key, readiness, running
+    from .reach import reach
+    from .serve import running
     from .serve_plan import serve_plan
 
     try:
@@ -538,11 +577,20 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     plan = serve_plan(inv)
     # Asked over SSH first: a stopped cluster is said as such, and no request goes to an
     # endpoint that is not this cluster's.
-    with fleet_for(inv, only=inv.head.name) as fleet:
+    with fleet_for(inv, only=inv.head.name) as fleet, reach(plan, fleet) as reachable:
         if not running(fleet.node(plan.head.node), plan.head):
             raise SparkClusterError(f"vLLM of this cluster is not running on {plan.head.node}\n"
                                     f"  hint: spark-cluster up {inventory}")
-    problem = readiness(plan)  # also the warm-up request
+        return _bench(inventory, plan, reachable, levels, max_tokens, prompt, as_json)
+
+
+def _bench(inventory: str, plan, reachable, levels, max_tokens: int, prompt: str | None,  # noqa: ANN001 - ServePlan, ServePlan, list[int]
+           as_json: bool) -> int:
+    from . import bench as sweep_
+    from .recipes import load_recipe
+    from .serve import api_key, readiness
+
+    problem = readiness(reachable)  # also the warm-up request
     if problem is not None:
         raise SparkClusterError(f"vLLM at {plan.endpoint} does not serve yet: {problem}\n"
                                 f"  hint: `spark-cluster up {inventory}` follows its start")
@@ -550,7 +598,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     if not as_json:
         ui.console.print(f"bench {plan.served_model_name} at {plan.endpoint}: {max_tokens} tokens per request, "
                          f"concurrency {', '.join(map(str, levels))}")
-    done = sweep_.sweep(plan.endpoint, plan.served_model_name, api_key(plan), levels, max_tokens,
+    done = sweep_.sweep(reachable.endpoint, plan.served_model_name, api_key(plan), levels, max_tokens,
                         prompt or sweep_.PROMPT, on_level=(lambda _: None) if as_json else ui.bench_level)
     if as_json:
         ui.console.out(json.dumps({

@@ -6,6 +6,7 @@ and the commands its playbook would run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -40,6 +41,8 @@ ALL_IDS = {
     "versions.driver-differs", "versions.kernel-differs",
     "driver.nvidia-smi-hung", "driver.proprietary-modules", "driver.adapter-init-failed", "driver.xid",
     "probe.failed", "link.wrong-port",
+    "runtime.docker-missing", "runtime.docker-access", "runtime.docker-down", "runtime.docker-failed",
+    "runtime.image-missing", "runtime.python-missing", "runtime.ray-missing", "runtime.vllm-missing",
 }
 
 # --- raw probe answers of a healthy Spark -------------------------------------------------------
@@ -771,7 +774,8 @@ def test_ping_failed_with_everything_else_right() -> None:
 
 def test_page_cache_warns() -> None:
     raws = healthy_cluster()
-    set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=100 * GIB // KIB, cached_kib=40 * GIB // KIB))
+    # 112 GiB free: above vLLM's 0.9 x 121.7 GiB, with 40 GiB of it page cache.
+    set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=112 * GIB // KIB, cached_kib=40 * GIB // KIB))
     findings = findings_of(raws)
     assert ids(findings) == [("spark-a", "memory.page-cache", "warning")]
     assert fix_commands(findings[0]) == ["sudo sh -c 'sync && echo 3 > /proc/sys/vm/drop_caches'"]
@@ -783,10 +787,15 @@ def test_memory_low_with_page_cache_drops_caches() -> None:
     for raw in raws.values():
         set_probe(raw, "model_files", model_files(big))
     set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=60 * GIB // KIB, cached_kib=20 * GIB // KIB))
-    findings = findings_of(raws)
+    half = dataclasses.replace(INVENTORY, model=dataclasses.replace(
+        INVENTORY.model, args=("--gpu-memory-utilization", "0.5")))
+    findings = findings_of(raws, half)
     hit = only(findings, "memory.low")
     assert hit.node == "spark-a" and hit.fix is not None and hit.fix.playbook == "drop-caches"
     assert "108.0 GiB per node" in hit.message  # 200 GiB over 2 nodes + 8 GiB headroom
+    # vLLM's default utilisation asks more than the weights: 0.9 of the node's 121.7 GiB.
+    assert "109.5 GiB per node (vLLM asks --gpu-memory-utilization 0.9 x 121.7 GiB" in \
+        only(findings_of(raws), "memory.low").message
     # Without page cache to return there is nothing to run.
     set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=60 * GIB // KIB, cached_kib=GIB // KIB // 2))
     hit = only(findings_of(raws), "memory.low")
@@ -1034,7 +1043,7 @@ def test_load_playbook_refuses_undeclared_params(tmp_path: Path) -> None:
 
 # --- the id catalogue, the docs, the --json schema ------------------------------------------------------
 
-ID_LITERAL = re.compile(r'"((?:check|clock|disk|driver|facts|link|memory|model|os|probe|rdma|ssh|sudo|versions)'
+ID_LITERAL = re.compile(r'"((?:check|clock|disk|driver|facts|link|memory|model|os|probe|rdma|runtime|ssh|sudo|versions)'
                         r'\.[a-z][a-z-]*)"')
 
 
@@ -1089,7 +1098,7 @@ def test_report_dict() -> None:
 def test_check_modules_expose_their_functions() -> None:
     # run_checks' tables name real functions of the modules (a rename would silently drop a check).
     assert driver.check_driver in checks.NODE_CHECKS and cluster.check_versions in checks.CLUSTER_CHECKS
-    assert len(checks.NODE_CHECKS) == 6 and len(checks.CLUSTER_CHECKS) == 4
+    assert len(checks.NODE_CHECKS) == 7 and len(checks.CLUSTER_CHECKS) == 4
 
 
 
@@ -1115,3 +1124,74 @@ def test_memory_our_own_vllm_holds_is_not_missing() -> None:
     assert held.severity == Severity.INFO and "4242" in held.evidence
     set_probe(raws["spark-a"], "own_pids", "77\n")  # only Ray of ours runs: the vLLM is someone else's
     assert only(findings_of(raws), "memory.competing-process").node == "spark-a"
+
+
+# --- the runtime: docker and the image, or the host's Python -------------------------------------
+
+CONTAINER = dataclasses.replace(INVENTORY, cluster=dataclasses.replace(
+    INVENTORY.cluster, runtime="container", image="nvcr.io/nvidia/vllm:26.05-py3", python=None))
+IMAGE_ID = "sha256:" + "ab" * 32
+
+
+def container_cluster(**changes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    raws = healthy_cluster()
+    for node, raw in raws.items():
+        del raw["probes"]["python"]
+        raw["probes"]["docker"] = probe("28.3.3\n")
+        raw["probes"]["image"] = probe(IMAGE_ID + "\n")
+        raw["probes"].update(changes.get(node, {}))
+    return raws
+
+
+def test_container_runtime_healthy_has_no_runtime_finding() -> None:
+    assert not [f for f in findings_of(container_cluster(), CONTAINER) if f.id.startswith("runtime.")]
+
+
+def test_image_missing_on_one_node_is_a_blocker_naming_it() -> None:
+    gone = probe(rc=1, err="Error response from daemon: No such image: nvcr.io/nvidia/vllm:26.05-py3\n")
+    found = only(findings_of(container_cluster(**{"spark-b": {"image": gone}}), CONTAINER), "runtime.image-missing")
+    assert (found.node, found.blocking) == ("spark-b", True)
+    assert "No such image" in found.evidence and "docker pull nvcr.io/nvidia/vllm:26.05-py3" in found.fix.note
+
+
+@pytest.mark.parametrize("err, rc, id_", [
+    ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+     "Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.51/info\": dial unix /var/run/docker.sock: connect: "
+     "permission denied\n", 1, "runtime.docker-access"),
+    ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n", 1,
+     "runtime.docker-down"),
+    ("/bin/sh: 1: docker: not found\n", 127, "runtime.docker-missing"),
+])
+def test_docker_that_does_not_answer_says_why(err: str, rc: int, id_: str) -> None:
+    raws = container_cluster(**{"spark-a": {"docker": probe(rc=rc, err=err), "image": probe(rc=rc, err=err)}})
+    found = [f for f in findings_of(raws, CONTAINER) if f.id.startswith("runtime.")]
+    assert [(f.node, f.id) for f in found] == [("spark-a", id_)]  # no image finding on top
+    assert found[0].blocking and found[0].fix.note
+
+
+def test_host_runtime_without_ray_or_vllm_is_a_blocker() -> None:
+    raws = healthy_cluster()
+    raws["spark-b"]["probes"]["python"] = probe("3.12.3\nray -\nvllm -\ntorch 2.9.0\n")
+    found = [(f.node, f.id) for f in findings_of(raws) if f.id.startswith("runtime.")]
+    assert found == [("spark-b", "runtime.ray-missing"), ("spark-b", "runtime.vllm-missing")]
+    raws["spark-b"]["probes"]["python"] = probe(rc=127, err="/bin/sh: 1: /opt/venv/bin/python: not found\n")
+    (finding,) = [f for f in findings_of(raws) if f.id.startswith("runtime.")]
+    assert (finding.node, finding.id) == ("spark-b", "runtime.python-missing") and "not found" in finding.evidence
+
+
+def test_memory_against_the_recipe_utilisation_on_unified_memory() -> None:
+    """Seed 003's 0.87 on a Spark: about 105.9 GiB must be free at start, not weights + 8 GiB."""
+    lab = parse_inventory((REPO / "inventories" / "lab.yaml").read_text(), REPO / "inventories" / "lab.yaml")
+    raws = healthy_cluster()
+    for raw in raws.values():
+        set_probe(raw, "model_files", probe(rc=1, err="find: No such file or directory\n"))
+    set_probe(raws["spark-b"], "meminfo", meminfo(available_kib=100 * GIB // KIB, cached_kib=GIB // KIB))
+    lab_facts = facts_of(raws)
+    findings = run_checks(lab, lab_facts)
+    low = only(findings, "memory.low")
+    assert low.node == "spark-b" and "105.9 GiB per node" in low.message and "0.87" in low.message
+    # The recipe's checkpoint is looked for (and missing everywhere) though the inventory names no model.
+    assert [(f.node, f.id) for f in findings if f.id == "model.missing"] == [("spark-a", "model.missing"),
+                                                                             ("spark-b", "model.missing")]
+    assert "Qwen/Qwen3-235B-A22B-GPTQ-Int4" in only([f for f in findings if f.node == "spark-a"],
+                                                    "model.missing").message

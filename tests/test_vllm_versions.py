@@ -47,7 +47,7 @@ def test_gpt_oss_kernel_choice_per_version(version: str, moe_backend: tuple[str,
 
 def test_a_dry_run_without_a_version_shows_the_newest_spelling() -> None:
     plan = serve_plan(GPT_OSS)
-    assert "--moe-backend marlin" in plan.render() and "VLLM_MXFP4_USE_MARLIN" not in plan.render()
+    assert "--moe-backend marlin" in plan.render() and "VLLM_MXFP4_USE_MARLIN" not in plan.head.env
     assert "up reads the installed vLLM" in plan.render().splitlines()[0]
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..facts import NodeFacts
 from ..inventory import Inventory
-from . import cluster, driver, link, resources
+from . import cluster, driver, link, resources, runtime
 from .base import Finding, NodeContext, Severity, blocker
 
 NodeCheck = Callable[[NodeFacts, NodeContext], Iterable[Finding]]
@@ -18,6 +18,7 @@ ClusterCheck = Callable[[Inventory, Mapping[str, NodeFacts]], Iterable[Finding]]
 
 NODE_CHECKS: tuple[NodeCheck, ...] = (
     resources.check_access,
+    runtime.check_runtime,
     driver.check_driver,
     driver.check_next_boot,
     driver.check_rdma_modules,

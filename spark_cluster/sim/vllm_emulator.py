@@ -2,8 +2,8 @@
 spark_cluster.sim.vllm_emulator serve MODEL [ARGS]`.
 
 What is real: argument parsing with vLLM's flag names (`vllm_args`), the HF-cache model lookup,
-`ray.init` against the running cluster, a placement group of TP×PP `{"GPU": 1}` bundles (bundle 0
-pinned to the driver node, as 0.19 does), one Ray actor of class `RayWorkerWrapper` per bundle
+`ray.init` against the running cluster, a PACK placement group of TP×PP `{"GPU": 1}` bundles, the
+driver's bundles first (vLLM 0.33's Ray executor), one Ray actor of class `RayWorkerProc` per bundle
 (`num_cpus=0, num_gpus=1`) that reads its 1/world share of every safetensors shard from its own
 node's disk in chunks, paced by `SPARK_LAB_LOAD_MBPS` (MB/s, default 200), and the HTTP server of
 `vllm_api.serve_api`. What is modelled: everything GPU (compile, KV cache, CUDA graphs).
@@ -11,16 +11,18 @@ node's disk in chunks, paced by `SPARK_LAB_LOAD_MBPS` (MB/s, default 200), and t
 The log lines are vLLM 0.19.0's (facts/vllm-ray.md §1-§3): `LEVEL MM-DD HH:MM:SS [file.py:NN] msg`
 on stdout; every line of this process carries `(APIServer pid=N) ` or `(EngineCore pid=N) ` as 0.19's
 `decorate_logs` does (the engine runs in this same process here, so both pids are this one's);
-worker lines arrive through Ray's own log forwarding as `(RayWorkerWrapper pid=W[, ip=X]) …`;
+worker lines arrive through Ray's own log forwarding as `(RayWorkerProc pid=W[, ip=X]) (Worker_TP1 pid=W) …`;
+the Ray executor follows 0.33: each rank gets the driver's whole environment less the non-carry-over
+list, applied with setdefault, and a rank's error reaches the driver as a `RayTaskError`;
 the rank-0 worker prints the tqdm shard bar on stderr in tqdm's non-TTY form.
 Executors: Ray, a single-GPU `uni`/`mp` run, and vLLM's own multi-node mode (`--nnodes N
 --node-rank R --master-addr A --master-port P`, `--headless` on ranks > 0: the `mp` executor across
 nodes, no Ray), whose rendezvous, headless side and log lines live in `vllm_mp` (its docstring says
 which lines are vLLM's and which are modelled). The ranks are `vllm_worker.Worker`s, wrapped per executor:
-`RayWorkerWrapper` (a Ray actor), `vllm_mp.MpWorker` (a thread logging as `(Worker_TP1 pid=N)`).
+`RayWorkerProc` (a Ray actor), `vllm_mp.MpWorker` (a thread logging as `(Worker_TP1 pid=N)`).
 
 Memory: each rank records itself on its own lab node (node_memory) as a GPU process, named as
-nvidia-smi names vLLM's (`ray::RayWorkerWrapper`; `VLLM::EngineCore` for the in-process engine;
+nvidia-smi names vLLM's (`ray::RayWorkerProc`; `VLLM::EngineCore` for the in-process engine;
 `VLLM::Worker_TP1` for an mp rank):
 its share so far of the weights while it loads, then --gpu-memory-utilization × the node's total
 memory once the KV cache is sized; freed at shutdown, forgotten once its process is gone.
@@ -224,7 +226,7 @@ class Engine:
             if self.fault == "silent-death":
                 os._exit(137)
             self._ray_call("compile_and_profile", self.max_len, args.gpu_memory_utilization,
-                           args.kv_cache_memory_bytes)
+                           args.kv_cache_memory_bytes, args.enforce_eager)
             PREFIX.wait_for("Available KV cache memory", world, 7.0)
         else:
             worker = Worker(0, 1, str(self.snapshot), args.model, self.fault, False,
@@ -235,7 +237,7 @@ class Engine:
                 if self.fault == "silent-death":
                     os._exit(137)
                 worker.compile_and_profile(self.max_len, args.gpu_memory_utilization,
-                                           args.kv_cache_memory_bytes)
+                                           args.kv_cache_memory_bytes, args.enforce_eager)
             except RuntimeError as e:
                 raise EngineFailed(e) from e
         if self.fault == "kv-cache":
@@ -244,9 +246,9 @@ class Engine:
                 "initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
                 "for more details."))
         tokens = 643232
-        log("INFO", "kv_cache_utils.py:1319", f"GPU KV cache size: {tokens:,} tokens")
-        log("INFO", "kv_cache_utils.py:1325", f"Maximum concurrency for {self.max_len:,} tokens per request: "
-            f"{tokens / self.max_len:.2f}x")
+        # One line since 0.2x (vllm/v1/core/kv_cache_utils.py, 0.32).
+        log("INFO", "kv_cache_utils.py:2327", f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_len:,} tokens per request: {tokens / self.max_len:.2f}x")
         if not args.enforce_eager:
             began = time.monotonic()
             for mode, sizes in (("mixed prefill-decode, PIECEWISE", 67), ("decode, FULL", 35)):
@@ -257,8 +259,9 @@ class Engine:
                 sys.stderr.flush()
             log("INFO", "gpu_model_runner.py:6047", f"Graph capturing finished in "
                 f"{round(time.monotonic() - began)} secs, took 0.84 GiB")
-        log("INFO", "core.py:284", f"init engine (profile, create kv cache, warmup model) took "
-            f"{time.monotonic() - self.t_init:.2f} seconds")
+        compiled = "" if args.enforce_eager else f" (compilation: {compile_seconds():.2f} s)"
+        log("INFO", "core.py:402", f"init engine (profile, create kv cache, warmup model) took "
+            f"{time.monotonic() - self.t_init:.2f} s{compiled}")
 
     def shutdown(self, ok: bool = True) -> None:
         """Stop the executor and free the ranks' memory; `ok` False: the engine failed (the other
@@ -330,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _logo(args.model)
     log("INFO", "utils.py:233", f"non-default args: {vllm_args.non_default_args(args)}")
+    if args.enforce_eager:  # today's vLLM (0.32), while it builds the config: every node, headless too
+        log("WARNING", "vllm.py:1703", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel "
+            "warmup. This is equivalent to setting -cc.mode=none -cc.cudagraph_mode=none and "
+            "--kernel_config.enable_jit_warmup=False")
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     local_gpus = int(os.environ.get("SPARK_LAB_LOCAL_GPUS", "1"))
     backend = args.distributed_executor_backend
