@@ -427,7 +427,7 @@ def _note(progress: Progress, event: Event, head: str, nodes_by_ip: dict[str, st
 
 
 def node_of(line: str, nodes_by_ip: dict[str, str] | None) -> str | None:
-    """The node a Ray-forwarded line came from: `(RayWorkerWrapper pid=…, ip=X)`."""
+    """The node a Ray-forwarded line came from: `(RayWorkerProc pid=…, ip=X)`, or a RayTaskError's header."""
     match = _IP.search(line)
     return (nodes_by_ip or {}).get(match[1], match[1]) if match else None
 

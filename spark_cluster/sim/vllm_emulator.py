@@ -32,8 +32,8 @@ default 10), `SPARK_LAB_LOAD_MBPS`, `SPARK_LAB_WEIGHTS_GIB` (the GiB each rank r
 the bytes it read), `SPARK_LAB_RATE_SCALE`, `SPARK_LAB_LOCAL_GPUS` (GPUs "visible" here, default 1),
 `SPARK_LAB_COMPILE_S` (seconds of torch.compile per rank, default 1; CUDA graphs take half),
 `SPARK_LAB_ROOT` (where the lab's nodes live), `VLLM_API_KEY` (the API key when `--api-key` is absent),
-`VLLM_PG_TIMEOUT_S` (default 1800), `VLLM_DISTRIBUTED_EXECUTOR_CONFIG` (JSON, its
-`placement_group_options.strategy`), `VLLM_HOST_IP`, `RAY_ADDRESS`, and `SPARK_LAB_FAULT`:
+`VLLM_CONFIG_ROOT` (where `ray_non_carry_over_env_vars.json` is read, default ~/.config/vllm),
+`VLLM_HOST_IP`, `RAY_ADDRESS`, and `SPARK_LAB_FAULT`:
 `crash-at:P` (rank 1 raises at P % of its load), `nccl`, `cuda-oom`, `kv-cache`, `hang`
 (stops at half the load, prints nothing more, keeps running), `silent-death` (exit 137 after
 loading, no error line); in mp mode as `vllm_mp` says, with `SPARK_LAB_MP_TIMEOUT_S`.
