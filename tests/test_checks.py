@@ -40,7 +40,7 @@ ALL_IDS = {
     "versions.ray-differs", "versions.vllm-differs", "versions.python-differs",
     "versions.driver-differs", "versions.kernel-differs",
     "driver.nvidia-smi-hung", "driver.proprietary-modules", "driver.adapter-init-failed", "driver.xid",
-    "probe.failed", "link.wrong-port",
+    "probe.failed", "link.wrong-port", "driver.unreachable",
     "runtime.docker-missing", "runtime.docker-access", "runtime.docker-down", "runtime.docker-failed",
     "runtime.image-missing", "runtime.python-missing", "runtime.ray-missing", "runtime.vllm-missing",
 }
