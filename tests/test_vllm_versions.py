@@ -176,3 +176,18 @@ def test_the_emulator_takes_every_launch_real_vllm_takes() -> None:
     assert args.api_key == ["a", "b"] and args.enable_expert_parallel is False and args.enforce_eager is False
     with pytest.raises(SystemExit):
         vllm_args.parse(["serve", "m", "--moe-backend", "cutlass-fp4"])
+
+
+def test_up_dry_run_of_the_lab_inventory_shows_the_033_spelling(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text((REPO / "inventories" / "lab.yaml").read_text().replace(
+        "  recipe: qwen3-235b-a22b-gptq-int4\n", "  recipe: gpt-oss-120b\n"))
+    done = subprocess.run([sys.executable, "-m", "spark_cluster", "up", str(inventory), "--dry-run"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    launch = next(line for line in done.stdout.splitlines() if " serve openai/gpt-oss-120b " in line)
+    assert "--moe-backend marlin" in launch and "VLLM_MXFP4_USE_MARLIN" not in launch
+    assert done.stdout.startswith("# recipe gpt-oss-120b spelled for vLLM >=0.32,<0.34")
