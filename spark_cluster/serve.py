@@ -27,7 +27,9 @@ from .secrets import exports, stdin_lines
 from .serve_plan import NodeCommand, ServePlan, launch_record
 from .session import stop_session_command
 
-_IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)\)")  # Ray's prefix of a remote actor's line
+# Ray's prefix of a remote actor's line, or the header of a RayTaskError (which names every rank's ip:
+# `ray::RayWorkerProc.load_model() (pid=N, ip=X, actor_id=…)`, how vLLM 0.33's driver learns of a rank's error).
+_IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)[,)]")
 _ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\-]+)?\)")  # any rank's line
 
 POLL_S = 1.0
@@ -425,7 +427,7 @@ def _note(progress: Progress, event: Event, head: str, nodes_by_ip: dict[str, st
 
 
 def node_of(line: str, nodes_by_ip: dict[str, str] | None) -> str | None:
-    """The node a Ray-forwarded line came from: `(RayWorkerWrapper pid=…, ip=X)`."""
+    """The node a Ray-forwarded line came from: `(RayWorkerProc pid=…, ip=X)`, or a RayTaskError's header."""
     match = _IP.search(line)
     return (nodes_by_ip or {}).get(match[1], match[1]) if match else None
 

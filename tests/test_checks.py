@@ -40,7 +40,7 @@ ALL_IDS = {
     "versions.ray-differs", "versions.vllm-differs", "versions.python-differs",
     "versions.driver-differs", "versions.kernel-differs",
     "driver.nvidia-smi-hung", "driver.proprietary-modules", "driver.adapter-init-failed", "driver.xid",
-    "probe.failed", "link.wrong-port",
+    "probe.failed", "link.wrong-port", "driver.unreachable",
     "runtime.docker-missing", "runtime.docker-access", "runtime.docker-down", "runtime.docker-failed",
     "runtime.image-missing", "runtime.python-missing", "runtime.ray-missing", "runtime.vllm-missing",
 }
@@ -774,7 +774,8 @@ def test_ping_failed_with_everything_else_right() -> None:
 
 def test_page_cache_warns() -> None:
     raws = healthy_cluster()
-    set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=100 * GIB // KIB, cached_kib=40 * GIB // KIB))
+    # 112 GiB free: above vLLM's 0.9 x 121.7 GiB, with 40 GiB of it page cache.
+    set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=112 * GIB // KIB, cached_kib=40 * GIB // KIB))
     findings = findings_of(raws)
     assert ids(findings) == [("spark-a", "memory.page-cache", "warning")]
     assert fix_commands(findings[0]) == ["sudo sh -c 'sync && echo 3 > /proc/sys/vm/drop_caches'"]
@@ -786,10 +787,15 @@ def test_memory_low_with_page_cache_drops_caches() -> None:
     for raw in raws.values():
         set_probe(raw, "model_files", model_files(big))
     set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=60 * GIB // KIB, cached_kib=20 * GIB // KIB))
-    findings = findings_of(raws)
+    half = dataclasses.replace(INVENTORY, model=dataclasses.replace(
+        INVENTORY.model, args=("--gpu-memory-utilization", "0.5")))
+    findings = findings_of(raws, half)
     hit = only(findings, "memory.low")
     assert hit.node == "spark-a" and hit.fix is not None and hit.fix.playbook == "drop-caches"
     assert "108.0 GiB per node" in hit.message  # 200 GiB over 2 nodes + 8 GiB headroom
+    # vLLM's default utilisation asks more than the weights: 0.9 of the node's 121.7 GiB.
+    assert "109.5 GiB per node (vLLM asks --gpu-memory-utilization 0.9 x 121.7 GiB" in \
+        only(findings_of(raws), "memory.low").message
     # Without page cache to return there is nothing to run.
     set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=60 * GIB // KIB, cached_kib=GIB // KIB // 2))
     hit = only(findings_of(raws), "memory.low")
@@ -855,8 +861,7 @@ def test_image_differs_in_container_runtime() -> None:
     text = SIM.read_text().replace("runtime: host", "runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3")
     inventory = parse_inventory(text, SIM)
     raws = healthy_cluster()
-    for name, raw in raws.items():
-        del raw["probes"]["python"]
+    for name, raw in raws.items():  # the image's own Python answers the "python" probe
         set_probe(raw, "docker", "29.2.1\n")
         set_probe(raw, "image", "sha256:" + ("ab" if name == "spark-a" else "cd") * 32 + "\n")
     assert set(raws["spark-a"]["probes"]) == {p.name for p in probes_for(inventory, inventory.head)}
@@ -1172,3 +1177,21 @@ def test_host_runtime_without_ray_or_vllm_is_a_blocker() -> None:
     raws["spark-b"]["probes"]["python"] = probe(rc=127, err="/bin/sh: 1: /opt/venv/bin/python: not found\n")
     (finding,) = [f for f in findings_of(raws) if f.id.startswith("runtime.")]
     assert (finding.node, finding.id) == ("spark-b", "runtime.python-missing") and "not found" in finding.evidence
+
+
+def test_memory_against_the_recipe_utilisation_on_unified_memory() -> None:
+    """Seed 003's 0.87 on a Spark: about 105.9 GiB must be free at start, not weights + 8 GiB."""
+    lab = parse_inventory((REPO / "inventories" / "lab.yaml").read_text(), REPO / "inventories" / "lab.yaml")
+    raws = healthy_cluster()
+    for raw in raws.values():
+        set_probe(raw, "model_files", probe(rc=1, err="find: No such file or directory\n"))
+    set_probe(raws["spark-b"], "meminfo", meminfo(available_kib=100 * GIB // KIB, cached_kib=GIB // KIB))
+    lab_facts = facts_of(raws)
+    findings = run_checks(lab, lab_facts)
+    low = only(findings, "memory.low")
+    assert low.node == "spark-b" and "105.9 GiB per node" in low.message and "0.87" in low.message
+    # The recipe's checkpoint is looked for (and missing everywhere) though the inventory names no model.
+    assert [(f.node, f.id) for f in findings if f.id == "model.missing"] == [("spark-a", "model.missing"),
+                                                                             ("spark-b", "model.missing")]
+    assert "Qwen/Qwen3-235B-A22B-GPTQ-Int4" in only([f for f in findings if f.node == "spark-a"],
+                                                    "model.missing").message

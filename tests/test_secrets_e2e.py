@@ -61,12 +61,13 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
                     'ls ~/.cache/spark-cluster/sim/secrets.env 2>/dev/null; echo end')
         assert found.returncode == 0 and found.stdout.splitlines()[1:] == ["end"], found.stdout
         inspect = cli("exec", str(inventory), "--node", node, "--", "docker inspect spark-cluster-sim")
-        assert "HF_TOKEN" not in inspect.stdout and "SPARK_CLUSTER_SECRETS_FILE" in inspect.stdout
+        assert "HF_TOKEN=" not in inspect.stdout and "SPARK_CLUSTER_SECRETS_FILE=" in inspect.stdout
     # Ray's processes in the container did get the token (from the file they removed).
     env_of_ray = cli("exec", str(inventory), "--node", "spark-b", "--",
-                     f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; for p in $(pgrep -f "[r]ay start"); do '
-                     'tr "\\0" "\\n" < /proc/$p/environ | grep -qxF "HF_TOKEN=$t" && echo has; done; echo end')
-    assert "has" in env_of_ray.stdout, env_of_ray.stdout
+                     f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; for e in /proc/[0-9]*/environ; do '
+                     'tr "\\0" "\\n" < $e 2>/dev/null | grep -qxF "HF_TOKEN=$t" && '
+                     'tr "\\0" " " < ${e%environ}cmdline && echo && break; done; echo end')
+    assert "ray" in env_of_ray.stdout.split("\n", 1)[1], env_of_ray.stdout
     local = Path.home() / ".spark-cluster"
     assert not [p for p in local.rglob("*") if p.is_file() and (key in p.read_text(errors="replace")
                                                                 or token in p.read_text(errors="replace"))]

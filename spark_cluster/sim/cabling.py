@@ -8,6 +8,7 @@ enp1s0f0np0 has link with no address. Swapping again puts everything back.
 
 from __future__ import annotations
 
+from ..errors import LabError
 from . import netns
 
 RAIL = netns.RAILS[0]
@@ -38,6 +39,15 @@ def swap_ports(node: str) -> None:
     netns.ip("-n", ns, "link", "set", "dev", other, "mtu", str(netns.LINK_MTU if cabled else 1500))
     if cabled:
         netns.ip("-n", ns, "link", "set", "dev", other, "up")
+    cable = other if cabled else rail
+    # A veth takes a moment to report carrier after coming up: the fault is in place once it does.
+    if not netns.wait_until(lambda: _has_carrier(node, cable), 5.0):
+        raise LabError(f"{node}: {cable} got no carrier after moving the cable")
+
+
+def _has_carrier(node: str, interface: str) -> bool:
+    flags = netns.ip("-n", netns.namespace(node), "-o", "link", "show", "dev", interface).stdout
+    return "LOWER_UP" in flags and "NO-CARRIER" not in flags
 
 
 def _is_veth_to_peer(node: str, interface: str) -> bool:

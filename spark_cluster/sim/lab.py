@@ -200,7 +200,7 @@ def _boot_script(name: str, paths: NodePaths) -> str:
             f"mount --bind {q(str(paths.proc_driver))} /proc/driver",
             f"mount --bind {q(str(paths.meminfo))} /proc/meminfo",
             # The node's own kernel modules and apt history, not this machine's.
-            f"mount --bind {q(str(paths.root / 'lib-modules'))} /lib/modules",
+            f"mkdir -p /lib/modules && mount --bind {q(str(paths.root / 'lib-modules'))} /lib/modules",
             f"mkdir -p /var/log/apt && mount --bind {q(str(paths.root / 'var-log-apt'))} /var/log/apt",
             f"[ ! -d /var/log/unattended-upgrades ] || mount --bind {q(str(paths.root / 'var-log-apt'))} "
             "/var/log/unattended-upgrades",
