@@ -20,7 +20,7 @@ def probe_status(facts: NodeFacts, name: str) -> str:
     if name not in facts.probes:
         return "not run"
     probe = facts.probes[name]
-    if probe.rc in (124, 137) or probe.err.startswith("timed out"):
+    if probe.rc in (124, 137) or "timed out" in probe.err[:200] or "slow probe" in probe.err[:200]:
         return "timed out"
     if probe.rc == 127 and not probe.out.strip():
         return "failed"

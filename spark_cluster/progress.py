@@ -99,6 +99,11 @@ _MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((phase, re.compile(rx)
                     r"|Resolved architecture:|^\s*version\s+\d+\.\d+"),
 ))
 _NEW_RUN = re.compile(r"non-default args:|args: Namespace\(|vLLM API server version")
+# Lines that name a phase only to say it will not run: `--enforce-eager`'s warning ("Enforce eager
+# set, disabling torch.compile, CUDAGraphs, …", printed while the arguments are processed, long
+# before the weights) is no compile phase.
+_SHUTDOWN = re.compile(r"\[shutdown\] (?:API server: shutdown triggered|EngineCore: trigger received signal)")
+_SKIPPED_PHASE = re.compile(r"Enforce eager set|disabling torch\.compile|compilation was disabled")
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,8 @@ def parse_line(line: str) -> Event | None:
     took = _WEIGHTS_TOOK.search(message)
     if took:
         return Event("weights-took", "weights", shown, message, seconds=float(took[1]))
+    if _SKIPPED_PHASE.search(message):
+        return None
     for phase, pattern in _MARKERS:
         if pattern.search(message):
             return Event("phase", phase, shown, message)
@@ -204,6 +211,7 @@ class Tracker:
         self._cause_rank = 0
         self._evidence_raised = False   # the evidence is the exception line itself, not source code
         self._first_raised: str | None = None  # the first exception line of the failure: its root
+        self._stopping = False          # a ready server began an orderly shutdown (vLLM's `[shutdown]` lines)
 
     def feed(self, text: str) -> list[Event]:
         """Every line of `text`, each `\\r`-separated update read in turn. Returns the new events."""
@@ -216,6 +224,8 @@ class Tracker:
             else:
                 pieces = [stripped]
             for piece in pieces:
+                if self.state.outcome == "ready" and _SHUTDOWN.search(piece):
+                    self._stopping = True
                 event = parse_line(piece)
                 if event is not None:
                     self._apply(event)
@@ -229,6 +239,8 @@ class Tracker:
             state = self.state
         self.events.append(event)
         state.last_line, state.last_kind = event.line, event.kind
+        if event.kind == "failure" and self._stopping:
+            return  # what an orderly stop tears down (0.32 logs "AsyncLLM output_handler failed") is no failure
         if event.kind == "failure":
             rank = _RANK.get(event.cause or "", 3)
             raised = bool(_RAISED.match(event.message))

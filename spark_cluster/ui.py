@@ -282,10 +282,11 @@ def forward_hint(plan) -> None:  # noqa: ANN001 - ServePlan
 
 def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Progress
     state = progress.state
-    gib = ", ".join(f"{g:g}" for g in state.weights_gib) or "?"
+    # Some builds (vLLM's CPU build) log no "Model loading took … GiB": say so, not "?".
+    gib = ", ".join(f"{g:g}" for g in state.weights_gib) + " GiB" if state.weights_gib else "not in the log"
     console.print(Text("ready", style="bold green") + Text(
         f": {plan.served_model_name} serves at {plan.endpoint} after {progress.elapsed:.1f} s"))
-    console.print(f"  weights per rank: {gib} GiB; shards {state.shards_loaded}/{state.shards_total}"
+    console.print(f"  weights per rank: {gib}; shards {state.shards_loaded}/{state.shards_total}"
                   + (f"; load {state.load_seconds:.1f} s" if state.load_seconds else ""))
     resident = progress.resident_gib()
     for node, used in progress.memory_gib.items():

@@ -155,7 +155,7 @@ def _log_evidence(view: DriverView) -> str:
 
 def _proprietary(facts: NodeFacts, view: DriverView, evidence: str) -> Finding:
     branch = facts.driver_branch
-    kernel = facts.kernel or "$(uname -r)"
+    kernel = facts.kernel
     method = view.install_method
     if method == "dkms":
         note = (f"replace the DKMS package with the open one: sudo apt install nvidia-dkms-{branch}-open "
@@ -165,6 +165,10 @@ def _proprietary(facts: NodeFacts, view: DriverView, evidence: str) -> Finding:
         the_fix = manual("the module came from NVIDIA's .run installer: run it again with the open modules, "
                          "sudo sh NVIDIA-Linux-aarch64-<version>.run --kernel-module-type=open, then reboot; "
                          "`fix` cannot: which installer file was used is not on record")
+    elif not facts.kernel:
+        the_fix = manual(f"install the open modules for the running kernel and remove the proprietary ones: "
+                         f"sudo apt install linux-modules-nvidia-{branch}-open-$(uname -r); sudo apt remove "
+                         f"linux-modules-nvidia-{branch}-$(uname -r); then reboot")
     else:
         closed = " ".join(sorted(n for n, p in facts.packages.items() if p.installed
                                  and re.fullmatch(rf"linux-modules-nvidia-{branch}-{re.escape(kernel)}", n)))

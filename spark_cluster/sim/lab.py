@@ -199,6 +199,11 @@ def _boot_script(name: str, paths: NodePaths) -> str:
             f"mount --bind {q(str(paths.bin))} /usr/local/sbin",
             f"mount --bind {q(str(paths.proc_driver))} /proc/driver",
             f"mount --bind {q(str(paths.meminfo))} /proc/meminfo",
+            # The node's own kernel modules and apt history, not this machine's.
+            f"mkdir -p /lib/modules && mount --bind {q(str(paths.root / 'lib-modules'))} /lib/modules",
+            f"mkdir -p /var/log/apt && mount --bind {q(str(paths.root / 'var-log-apt'))} /var/log/apt",
+            f"[ ! -d /var/log/unattended-upgrades ] || mount --bind {q(str(paths.root / 'var-log-apt'))} "
+            "/var/log/unattended-upgrades",
             "mount -t overlay spark-lab-etc -o "
             + q(f"lowerdir=/etc,upperdir={paths.etc_upper},workdir={paths.etc_work}") + " /etc",
             f"mount --bind {q(str(paths.tmp))} /tmp",
@@ -271,6 +276,8 @@ def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
     # Each machine has its own identity (systemd, D-Bus and telemetry key on it).
     (paths.etc_upper / "machine-id").write_text(hashlib.md5(f"spark-lab {name}".encode()).hexdigest() + "\n")
     (paths.root / "empty-rc").write_text("")
+    (paths.root / "var-log-apt").mkdir(parents=True, exist_ok=True)
+    (paths.root / "var-log-apt" / "history.log").write_text("")
     state = healthy_state(name, index)
     for image in state["docker"]["images"].values():
         # The vLLM image's PATH, where its python3 and ray are (the lab's Python stands in).

@@ -232,7 +232,7 @@ class Engine:
             if self.fault == "silent-death":
                 os._exit(137)
             self._ray_call("compile_and_profile", self.max_len, args.gpu_memory_utilization,
-                           args.kv_cache_memory_bytes)
+                           args.kv_cache_memory_bytes, args.enforce_eager)
             PREFIX.wait_for("Available KV cache memory", world, 7.0)
         else:
             worker = Worker(0, 1, str(self.snapshot), args.model, self.fault, False,
@@ -243,7 +243,7 @@ class Engine:
                 if self.fault == "silent-death":
                     os._exit(137)
                 worker.compile_and_profile(self.max_len, args.gpu_memory_utilization,
-                                           args.kv_cache_memory_bytes)
+                                           args.kv_cache_memory_bytes, args.enforce_eager)
             except RuntimeError as e:
                 raise EngineFailed(e) from e
         if self.fault == "kv-cache":
@@ -252,9 +252,9 @@ class Engine:
                 "initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
                 "for more details."))
         tokens = 643232
-        log("INFO", "kv_cache_utils.py:1319", f"GPU KV cache size: {tokens:,} tokens")
-        log("INFO", "kv_cache_utils.py:1325", f"Maximum concurrency for {self.max_len:,} tokens per request: "
-            f"{tokens / self.max_len:.2f}x")
+        # One line since 0.2x (vllm/v1/core/kv_cache_utils.py, 0.32).
+        log("INFO", "kv_cache_utils.py:2327", f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_len:,} tokens per request: {tokens / self.max_len:.2f}x")
         if not args.enforce_eager:
             began = time.monotonic()
             for mode, sizes in (("mixed prefill-decode, PIECEWISE", 67), ("decode, FULL", 35)):
@@ -265,8 +265,9 @@ class Engine:
                 sys.stderr.flush()
             log("INFO", "gpu_model_runner.py:6047", f"Graph capturing finished in "
                 f"{round(time.monotonic() - began)} secs, took 0.84 GiB")
-        log("INFO", "core.py:284", f"init engine (profile, create kv cache, warmup model) took "
-            f"{time.monotonic() - self.t_init:.2f} seconds")
+        compiled = "" if args.enforce_eager else f" (compilation: {compile_seconds():.2f} s)"
+        log("INFO", "core.py:402", f"init engine (profile, create kv cache, warmup model) took "
+            f"{time.monotonic() - self.t_init:.2f} s{compiled}")
 
     def shutdown(self, ok: bool = True) -> None:
         """Stop the executor and free the ranks' memory; `ok` False: the engine failed (the other
@@ -341,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _logo(args.model)
     log("INFO", "utils.py:233", f"non-default args: {vllm_args.non_default_args(args)}")
+    if args.enforce_eager:  # today's vLLM (0.32), while it builds the config: every node, headless too
+        log("WARNING", "vllm.py:1703", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel "
+            "warmup. This is equivalent to setting -cc.mode=none -cc.cudagraph_mode=none and "
+            "--kernel_config.enable_jit_warmup=False")
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     local_gpus = int(os.environ.get("SPARK_LAB_LOCAL_GPUS", "1"))
     backend = args.distributed_executor_backend
