@@ -197,6 +197,8 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
                 f"  hint: spark-cluster fix {inventory}  (or --dry-run to see what it would do)")
         ui.console.print(f"  every node passes ({report.seconds:.1f} s)")
         events.emit("check", ok=True, seconds=round(report.seconds, 3))
+        if plan is not None:
+            plan = _plan_for_installed_vllm(inv, plan, report)
         if until == "check":
             return 0
         if restart and plan is not None:
@@ -216,6 +218,24 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             _serve(fleet, plan, inv, timeout_s, stalled_after, events)
         ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
+
+
+def _plan_for_installed_vllm(inv, plan, report):  # noqa: ANN001, ANN202 - Inventory, ServePlan, Report
+    """The plan in the spelling of the vLLM check found on the head (every node has the same one:
+    check blocks on a difference); a recipe not written for it stops here, naming what it knows."""
+    from .serve_plan import serve_plan
+
+    facts = report.facts.get(inv.head.name)
+    version = facts.runtime_versions.get("vllm") if facts is not None else None
+    if version is None:
+        if plan.vllm_variant is not None:
+            ui.console.print(f"  vLLM's version could not be read on {inv.head.name}: the recipe is spelled "
+                             f"for {plan.vllm_variant}")
+        return plan
+    plan = serve_plan(inv, vllm_version=version)
+    if plan.vllm_variant is not None:
+        ui.console.print(f"  vLLM {version}: recipe {plan.recipe} spelled for {plan.vllm_variant}")
+    return plan
 
 
 def _pull_image(inv, fleet, nodes: list[str], events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
@@ -314,7 +334,10 @@ def _serve_reached(fleet, shown, plan, inv, timeout_s: float, stalled_after: flo
     finally:
         signal.signal(signal.SIGINT, previous)
     ui.ready_summary(shown, progress)
-    events.emit("ready", reused=False, endpoint=shown.endpoint, model=plan.served_model_name,
+    for finding in progress.state.findings:
+        ui.console.print(f"  [yellow]warning[/]: {finding}")
+    events.emit("ready", reused=False, findings=list(progress.state.findings), endpoint=shown.endpoint,
+                model=plan.served_model_name,
                 seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
                 loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
                 phases={k: round(v, 3) for k, v in progress.phase_times.items()})

@@ -63,7 +63,10 @@ class Supervisor:
             return False
         self.restarts += 1
         wait = 2 ** self.restarts
-        self.log(f"vLLM is not running: {self._diagnosis()}")
+        failure = vllm.get("failure")
+        why = (f"failed on {failure['node']}: {failure['cause']}; evidence: {failure['evidence']}"
+               if failure else self._diagnosis())
+        self.log(f"vLLM is not running: {why}")
         self.log(f"restart {self.restarts}/{self.max_restarts} in {wait} s; the crashed start's log is kept "
                  f"as {self.plan.log_path}.1")
         time.sleep(wait)
