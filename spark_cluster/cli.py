@@ -108,7 +108,7 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
     inv = load_inventory(inventory)
     password = getpass.getpass("sudo password for the nodes: ") if ask_sudo_pass else None
     lock = cluster_lock(inv.cluster.name, command="fix") if not dry_run else contextlib.nullcontext()
-    with lock, fleet_for(inv, sudo_password=password) as fleet:
+    with fleet_for(inv, sudo_password=password) as fleet, lock:
         before = preflight(inv, fleet)
         plans = plans_for(before.findings, only)
         unfixable = [f for f in before.blockers if f.fix is None or f.fix.playbook is None]
@@ -183,7 +183,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
         ui.plan_notes(plan)
     started = time.monotonic()
     events = ui.JsonLines(enabled=as_json)
-    with cluster_lock(inv.cluster.name, command="up"), fleet_for(inv) as fleet, events:
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), events:
         ui.stage(1, "check", f"{len(inv.nodes)} nodes")
         report = preflight(inv, fleet)
         lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
@@ -380,7 +380,7 @@ def watch(inventory: str, interval: float, restart_on_failure: bool, max_restart
     # refused, rather than undone by the next restart).
     lock = cluster_lock(inv.cluster.name, command="watch --restart-on-failure") if restart_on_failure \
         else contextlib.nullcontext()
-    with lock, fleet_for(inv) as fleet, ui.Dashboard(inv) as dashboard:
+    with fleet_for(inv) as fleet, lock, ui.Dashboard(inv) as dashboard:
         supervisor = Supervisor(inv, fleet, max_restarts, log=dashboard.log) if restart_on_failure else None
         refreshes = 0
         try:
@@ -407,7 +407,7 @@ def down(inventory: str) -> int:
 
     inv = load_inventory(inventory)
     failed = False
-    with cluster_lock(inv.cluster.name, command="down"), fleet_for(inv) as fleet:
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="down"):
         if inv.model is not None:  # vLLM first: it is a client of Ray
             from .serve import stop as stop_vllm
             from .serve_plan import serve_plan

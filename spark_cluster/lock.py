@@ -24,6 +24,8 @@ def cluster_lock(cluster: str, lock_dir: Path = LOCK_DIR, command: str = "") -> 
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
+            if "running" not in holder:  # written by an older spark-cluster
+                holder += " is running `up` or `down`"
             raise SparkClusterError(
                 f"cluster {cluster} is busy: {holder} on it\n"
                 f"  hint: wait for it to finish, or stop it (lock file {path})") from None
