@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 findings or failure, 2 bad usage or input.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -102,9 +103,12 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
     from .preflight import preflight
     from .repair import approvals, execute, plans_for
 
+    from .lock import cluster_lock
+
     inv = load_inventory(inventory)
     password = getpass.getpass("sudo password for the nodes: ") if ask_sudo_pass else None
-    with fleet_for(inv, sudo_password=password) as fleet:
+    lock = cluster_lock(inv.cluster.name, command="fix") if not dry_run else contextlib.nullcontext()
+    with fleet_for(inv, sudo_password=password) as fleet, lock:
         before = preflight(inv, fleet)
         plans = plans_for(before.findings, only)
         unfixable = [f for f in before.blockers if f.fix is None or f.fix.playbook is None]
@@ -179,7 +183,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
         ui.plan_notes(plan)
     started = time.monotonic()
     events = ui.JsonLines(enabled=as_json)
-    with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, events:
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), events:
         ui.stage(1, "check", f"{len(inv.nodes)} nodes")
         report = preflight(inv, fleet)
         lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
@@ -368,9 +372,15 @@ def watch(inventory: str, interval: float, restart_on_failure: bool, max_restart
     from .health import collect_status
     from .watch import Supervisor
 
+    from .lock import cluster_lock
+
     inv = load_inventory(inventory)
     data: dict = {"healthy": False}
-    with fleet_for(inv) as fleet, ui.Dashboard(inv) as dashboard:
+    # Restarting changes the cluster: no `up`, `down` or `fix` meanwhile (a `down` elsewhere is
+    # refused, rather than undone by the next restart).
+    lock = cluster_lock(inv.cluster.name, command="watch --restart-on-failure") if restart_on_failure \
+        else contextlib.nullcontext()
+    with fleet_for(inv) as fleet, lock, ui.Dashboard(inv) as dashboard:
         supervisor = Supervisor(inv, fleet, max_restarts, log=dashboard.log) if restart_on_failure else None
         refreshes = 0
         try:
@@ -397,7 +407,7 @@ def down(inventory: str) -> int:
 
     inv = load_inventory(inventory)
     failed = False
-    with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet:
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="down"):
         if inv.model is not None:  # vLLM first: it is a client of Ray
             from .serve import stop as stop_vllm
             from .serve_plan import serve_plan

@@ -105,8 +105,18 @@ def start_command(command: NodeCommand) -> str:
         run = f"setsid nohup env {line}"
     else:  # the client stays on the node, so the log stays on the node's disk
         run = f"setsid nohup {line}"
-    return (f"{secrets}mkdir -p {d} && : > {log} && cd {d} && "
+    return (f"{secrets}mkdir -p {d} && {rotate_command(log)} && cd {d} && "
             f"{{ {run} >> {log} 2>&1 < /dev/null & echo $! > {d}/vllm.pid; }} && echo started")
+
+
+KEPT_LOGS = 3
+
+
+def rotate_command(log: str, keep: int = KEPT_LOGS) -> str:
+    """The last start's log becomes LOG.1 (LOG.1 -> LOG.2 ...), never truncated: when a start
+    follows a crash, the crash is what LOG.1 holds."""
+    shifts = "; ".join(f"if [ -f {log}.{i} ]; then mv -f {log}.{i} {log}.{i + 1}; fi" for i in range(keep - 1, 0, -1))
+    return f"{{ if [ -s {log} ]; then {shifts}; mv -f {log} {log}.1; fi; : > {log}; }}"
 
 
 def secret_values(command: NodeCommand) -> str | None:
@@ -516,5 +526,7 @@ def _diagnosis(plan: ServePlan, state: State, failed_node: str | None = None,
                       log=log_path)
 
 
-def log_tail(fleet: Fleet, plan: ServePlan, lines: int = 50) -> str:
-    return fleet.node(plan.head.node).run(f"tail -n {int(lines)} {_log(plan.head)}", timeout=30).stdout
+def log_tail(fleet: Fleet, plan: ServePlan, lines: int = 50, rotated: int = 0) -> str:
+    """The last lines of the head's vLLM log (`rotated`: of LOG.N, a start before the last)."""
+    path = _log(plan.head) + (f".{int(rotated)}" if rotated else "")
+    return fleet.node(plan.head.node).run(f"tail -n {int(lines)} {path}", timeout=30).stdout

@@ -7,12 +7,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import serve
-from .errors import SparkClusterError
+from .diagnose import diagnose_log
+from .errors import CommandTimeout, ConnectError, SparkClusterError
 from .inventory import Inventory
 from .remote import Fleet
 from .serve_plan import serve_plan
 
 RESTART_LOG = Path("~/.spark-cluster").expanduser()
+UNREACHABLE_GRACE_S = 60.0  # a reboot's network blip, a cable re-seated: not a reason to stop watching
+DIAGNOSIS_LINES = 400
 
 
 class Supervisor:
@@ -32,6 +35,7 @@ class Supervisor:
         self.timeout_s = timeout_s
         self._log = log
         self._file = RESTART_LOG / f"{inventory.cluster.name}-restarts.log"
+        self._unreachable_since: float | None = None
 
     def log(self, message: str) -> None:
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
@@ -43,8 +47,16 @@ class Supervisor:
     def tend(self, data: dict) -> bool:
         """False once it has given up; True otherwise."""
         vllm = data.get("vllm") or {}
-        if vllm.get("healthy") or serve.running(self.fleet.node(self.plan.head.node), self.plan.head):
-            return True  # serving, or still starting: not ours to touch
+        if vllm.get("healthy"):
+            self._unreachable_since = None
+            return True
+        try:
+            alive = serve.running(self.fleet.node(self.plan.head.node), self.plan.head)
+        except (ConnectError, CommandTimeout) as exc:
+            return self._unreachable(exc)
+        self._unreachable_since = None
+        if alive:
+            return True  # still starting: not ours to touch
         if self.restarts >= self.max_restarts:
             self.log(f"vLLM is down and {self.restarts} restarts are spent: giving up; "
                      f"see `spark-cluster logs {self.inventory.path}`")
@@ -52,9 +64,11 @@ class Supervisor:
         self.restarts += 1
         wait = 2 ** self.restarts
         failure = vllm.get("failure")
-        why = (f" (failed on {failure['node']}: {failure['cause']}; evidence: {failure['evidence']})"
-               if failure else "")
-        self.log(f"vLLM is not running{why}: restart {self.restarts}/{self.max_restarts} in {wait} s")
+        why = (f"failed on {failure['node']}: {failure['cause']}; evidence: {failure['evidence']}"
+               if failure else self._diagnosis())
+        self.log(f"vLLM is not running: {why}")
+        self.log(f"restart {self.restarts}/{self.max_restarts} in {wait} s; the crashed start's log is kept "
+                 f"as {self.plan.log_path}.1")
         time.sleep(wait)
         try:
             # What is left of the dead start (an mp worker node's process) would block the new one.
@@ -66,3 +80,28 @@ class Supervisor:
             return True
         self.log(f"restart {self.restarts}: ready again after {progress.elapsed:.1f} s")
         return True
+
+    def _diagnosis(self) -> str:
+        """What the log of the start that died says, before the restart rotates it away."""
+        try:
+            text = serve.log_tail(self.fleet, self.plan, lines=DIAGNOSIS_LINES)
+        except SparkClusterError as exc:
+            return f"its log could not be read ({str(exc).splitlines()[0]})"
+        data = diagnose_log(text)
+        if data["outcome"] != "failed":
+            return f"no error in its log (it stopped at: {data['evidence'] or 'nothing'})"
+        return f"{data['cause']}: {data['evidence']}"
+
+    def _unreachable(self, exc: Exception) -> bool:
+        """A head that does not answer for less than UNREACHABLE_GRACE_S is waited for."""
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+            self.log(f"{self.plan.head.node} does not answer ({str(exc).splitlines()[0]}): waiting up to "
+                     f"{UNREACHABLE_GRACE_S:.0f} s")
+            return True
+        if now - self._unreachable_since < UNREACHABLE_GRACE_S:
+            return True
+        self.log(f"{self.plan.head.node} has not answered for {now - self._unreachable_since:.0f} s: giving up; "
+                 f"check it, then `spark-cluster watch {self.inventory.path} --restart-on-failure` again")
+        return False

@@ -47,6 +47,9 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
     assert "ssh -N -L 8000:127.0.0.1:8000 root@10.117.0.11" in done.stderr
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen("http://10.117.0.11:8000/health", timeout=5)
+    listening = cli("exec", str(inventory), "--node", "spark-a", "--", "ss -ltnH | awk '{print $4}'").stdout
+    assert "127.0.0.1:8000" in listening and "0.0.0.0:8000" not in listening and "*:8000" not in listening
+    assert "192.168.100.10:8265" in listening  # Ray's dashboard on the link
     status = cli("status", str(inventory), "--json", env={"SPARK_LAB_API_KEY": key})
     assert status.returncode == 0 and json.loads(status.stdout)["vllm"]["healthy"] is True, status.stdout
     seen += status.stdout + status.stderr
