@@ -167,8 +167,10 @@ def test_down_leaves_no_process_port_or_shared_memory(real: Path) -> None:
 
 
 def test_a_port_taken_on_the_head_ends_up_with_port_in_use(real: Path) -> None:
-    hold = ("python3 -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", 8000)); s.listen(); "
-            "time.sleep(300)' >/dev/null 2>&1 & echo $! > /tmp/port-holder.pid")
+    # SO_REUSEADDR: the connections of the server stopped a moment ago still hold 8000 in TIME_WAIT
+    hold = ("setsid python3 -c 'import socket, time; s = socket.socket(); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"0.0.0.0\", 8000)); s.listen(); "
+            "time.sleep(300)' </dev/null >/dev/null 2>&1 & echo $! > /tmp/port-holder.pid")
     on(real, "spark-a", hold)
     try:
         held = "for i in $(seq 100); do ss -ltnH | grep -q ':8000 ' && exit 0; sleep 0.1; done; exit 1"
