@@ -91,6 +91,30 @@ def check(inventory: str, as_json: bool) -> int:
 
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: rails, all-gather, findings.")
+@click.option("--no-allgather", is_flag=True, help="Only the pings, the cabling and TCP.")
+def linktest(inventory: str, as_json: bool, no_allgather: bool) -> int:
+    """Prove the link: per rail and direction a don't-fragment ping at MTU-28, which rail is
+    cabled to which, TCP with several streams; then an all-gather as vLLM uses the link
+    (NCCL where GPUs are, Gloo where not), its bus bandwidth and NCCL's transport.
+
+    Exit 0 when every result meets cluster.linktest's thresholds, 1 otherwise.
+    """
+    from .linktest import linktest as measure
+
+    inv = load_inventory(inventory)
+    with fleet_for(inv) as fleet:
+        data = measure(inv, fleet, (lambda *_, **__: None) if as_json else ui.linktest_event,
+                       gather=not no_allgather)
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+    else:
+        ui.linktest_report(data)
+    return 0 if data["ok"] else 1
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print what would run on which node; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask (also answers the playbooks' questions).")
 @click.option("--only", "only", metavar="ID", help="Fix only the findings with this id (warnings too).")
@@ -502,12 +526,14 @@ def lab() -> None:
 @click.option("--nodes", "count", default=2, show_default=True, help="How many Sparks.")
 @click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the lab's inventory here.")
-def lab_up(count: int, inventory_out: Path | None) -> int:
+@click.option("--cache-size", default="1g", show_default=True, metavar="SIZE",
+              help="Each node's HF cache (a tmpfs in memory), e.g. 3g for a 2 GB checkpoint.")
+def lab_up(count: int, inventory_out: Path | None, cache_size: str) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     from .sim import lab as simlab
 
     started = time.monotonic()
-    lab_, created = simlab.up(count, inventory_out)
+    lab_, created = simlab.up(count, inventory_out, cache_size=cache_size)
     verb = "up" if created else "already up"
     ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:

@@ -403,3 +403,39 @@ def bench_table(levels, reference) -> None:  # noqa: ANN001 - list[bench.Level],
     console.print(table)
     if figures:
         console.print(Text(f"published: {reference.source}", style="dim"))
+
+
+def linktest_event(event: str, **data: object) -> None:
+    """One line per measurement as `linktest` takes it."""
+    if event == "ping":
+        ping = data["ping"]
+        mark = Text("ok  ", style="green") if ping["ok"] else Text("FAIL", style="bold red")  # type: ignore[index]
+        reach = f", reaches {data['reaches']}" if data.get("reaches") else ""
+        console.print(Text(f"  rail {data['rail']} {data['from']} -> {data['to']}  ping {ping['size']} B DF  ")  # type: ignore[index]
+                      + mark + Text(f"  {ping['detail']}{reach}", style="dim"))  # type: ignore[index]
+    elif event == "tcp":
+        rate = data.get("gbps")
+        what = f"{rate:.2f} Gb/s" if isinstance(rate, float) else f"- ({data.get('error')})"
+        console.print(f"  rail {data['rail']} {data['from']} -> {data['to']}  TCP {what}", markup=False)
+    elif event == "allgather-start":
+        console.print(f"  all-gather across {data['nodes']} nodes in the {data['runtime']} runtime ...", markup=False)
+    elif event == "allgather":
+        for row in data.get("sizes") or []:  # type: ignore[union-attr]
+            console.print(f"  all-gather {row['size'] / 2**20:8.1f} MiB  {row['time_us'] / 1000:9.2f} ms  "
+                          f"algbw {row['algbw_gbs']:7.3f} GB/s  busbw {row['busbw_gbs']:7.3f} GB/s", markup=False)
+
+
+def linktest_report(data: dict) -> None:
+    ag = data.get("allgather")
+    if ag and ag.get("backend"):
+        transport = "; ".join(f"{node}: {t['transport'] or '?'} {','.join(t['hcas'])}".rstrip()
+                              for node, t in ag["transport"].items()) or "no NCCL (Gloo)"
+        bus = ag["bus_gbs"]
+        console.print(f"  all-gather: {ag['backend']} on {ag.get('device', '?')}, bus bandwidth "
+                      f"{bus:.3f} GB/s (best size); transport {transport}" if bus is not None else
+                      "  all-gather: no size completed", markup=False)
+    for finding in data["findings"]:
+        _finding_lines(finding)
+    verdict = Text("link ok", style="bold green") if data["ok"] else Text("link has findings", style="bold red")
+    console.print(verdict + Text(f": {len(data['rails'])} rail directions in {data['seconds']:.1f} s, "
+                                 f"{len(data['findings'])} finding{'s' * (len(data['findings']) != 1)}"))

@@ -1,6 +1,6 @@
 """Faults as a real Spark gets them, at the level of the node's state (spark-hosts.md §1, §5).
 
-link-down, mtu and disk-full are done live by the lab (interfaces, tmpfs); they are only
+link-down, mtu, crossed-rails and disk-full are done live by the lab (interfaces, tmpfs); they are only
 recorded here so that `lab status` can list them. The state-level faults leave exactly what
 the real breakage leaves, so the real repair, run through the stand-ins, undoes it:
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 FAULTS: tuple[str, ...] = ("kernel-update", "driver-mismatch", "module-unloaded", "link-down", "mtu",
-                           "memory-hog", "disk-full", "clock-skew")
+                           "memory-hog", "disk-full", "clock-skew", "crossed-rails")
 HOG = "ollama"
 HOG_KIB = 104 * GIB_KIB
 SKEW_S = 7.5
