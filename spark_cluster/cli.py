@@ -115,6 +115,29 @@ def linktest(inventory: str, as_json: bool, no_allgather: bool) -> int:
 
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the plan, what was copied, the check after.")
+@click.option("--from", "source_node", metavar="NODE", help="Copy from this node (default: the head if complete).")
+@click.option("--streams", default=4, show_default=True, type=click.IntRange(1, 64), help="TCP streams over the rails.")
+@click.option("--max-mbps", type=click.FloatRange(min=1), default=None, metavar="MBIT",
+              help="Cap the copy's rate (Mbit/s), e.g. while a model serves over the same link.")
+def sync(inventory: str, as_json: bool, source_node: str | None, streams: int, max_mbps: float | None) -> int:
+    """Make the model's HF-cache entry identical on every node: what a node lacks or holds
+    differently (blobs, snapshot links, refs) is copied from a node that has it, over the link.
+
+    Resumes an interrupted copy; refuses, before a byte moves, a node without room.
+    """
+    from .sync import sync as run_sync
+
+    inv = load_inventory(inventory)
+    with fleet_for(inv) as fleet, ui.SyncView(enabled=not as_json) as view:
+        data = run_sync(inv, fleet, view.event, source_node=source_node, streams=streams, max_mbps=max_mbps)
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+    return 0
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print what would run on which node; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask (also answers the playbooks' questions).")
 @click.option("--only", "only", metavar="ID", help="Fix only the findings with this id (warnings too).")
@@ -214,12 +237,22 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
         events.emit("check", ok=True, seconds=round(report.seconds, 3))
         if until == "check":
             return 0
+        stage = 2
+        if inv.model is not None and inv.model.sync:
+            from .sync import sync as stage_weights
+
+            ui.stage(stage, "weights", "the model's HF-cache entry made identical on every node, over the link")
+            with ui.SyncView() as view:
+                staged = stage_weights(inv, fleet, view.event)
+            events.emit("weights", copied_bytes=staged["copied_bytes"], source=staged["source"],
+                        seconds=staged["seconds"])
+            stage += 1
         if restart and plan is not None:
             _stop_vllm_for_restart(fleet, plan)
         if inv.cluster.executor == "mp":
-            _runtime_without_ray(inv, fleet, events)
+            _runtime_without_ray(inv, fleet, events, stage)
         else:
-            ui.stage(2, "ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
+            ui.stage(stage, "ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
             with ui.Waiting() as waiting:
                 result = bring_up(inv, fleet, restart=restart, progress=waiting.update)
             ui.ray_summary(result.state, inv)
@@ -228,7 +261,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             events.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
                         nodes=[n.__dict__ for n in result.state.nodes])
         if plan is not None:
-            _serve(fleet, plan, inv, timeout_s, stalled_after, events)
+            _serve(fleet, plan, inv, timeout_s, stalled_after, events, stage + 1)
         ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
 
@@ -244,12 +277,12 @@ def _stop_vllm_for_restart(fleet, plan) -> None:  # noqa: ANN001 - Fleet, ServeP
                 raise SparkClusterError(f"{name}: could not stop vLLM: {outcome}")
 
 
-def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
+def _runtime_without_ray(inv, fleet, events, stage: int = 2) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
     """executor mp: vLLM joins its nodes itself; only a container runtime needs its containers."""
     from .ray_cluster import start_containers
 
     began = time.monotonic()
-    ui.stage(2, "runtime", "executor mp: vLLM's own multi-node mode, no Ray")
+    ui.stage(stage, "runtime", "executor mp: vLLM's own multi-node mode, no Ray")
     if inv.cluster.runtime == "container":
         started = start_containers(inv, fleet)
         ui.console.print(f"  container {'started on ' + ', '.join(started) if started else 'reused'} "
@@ -258,13 +291,13 @@ def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventor
                 seconds=round(time.monotonic() - began, 3))
 
 
-def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
+def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events, stage: int = 3) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
     from . import serve
     from .load_view import LoadView
     from .serve_plan import launch_diff, launch_record
 
     inventory = inv.path
-    ui.stage(3, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
+    ui.stage(stage, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
     head = fleet.node(plan.head.node)
     if serve.running(head, plan.head):
         record = serve.running_record(head, plan)

@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+)
 from rich.text import Text
 
 from .errors import SparkClusterError, StoppedFollowing
@@ -439,3 +442,66 @@ def linktest_report(data: dict) -> None:
     verdict = Text("link ok", style="bold green") if data["ok"] else Text("link has findings", style="bold red")
     console.print(verdict + Text(f": {len(data['rails'])} rail directions in {data['seconds']:.1f} s, "
                                  f"{len(data['findings'])} finding{'s' * (len(data['findings']) != 1)}"))
+
+
+class SyncView:
+    """`sync` as it goes: each node's manifest, the plan, a bar with bytes, rate and ETA."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._bar: Progress | None = None
+        self._task = None
+        self._last_line = 0.0
+
+    def __enter__(self) -> "SyncView":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def event(self, event: str, **data: object) -> None:
+        if not self.enabled:
+            return
+        if event == "manifest":
+            broken = data["broken_links"]
+            console.print(f"  {data['node']}: {data['files']} files, {data['links']} links, "
+                          f"{int(data['bytes']) / 2**30:.2f} GiB ({int(data['hashed_bytes']) / 2**20:.0f} MiB hashed, "
+                          f"{data['seconds']} s)" + (f", {len(broken)} broken links" if broken else ""), markup=False)
+        elif event == "plan":
+            for node, t in data["targets"].items():  # type: ignore[union-attr]
+                what = ("identical" if not (t["files"] or t["links"]) else
+                        f"{t['files']} files ({t['bytes'] / 2**20:.0f} MiB) and {t['links']} links to copy"
+                        + (f", {t['resumed_chunks']} chunks already there" if t["resumed_chunks"] else ""))
+                console.print(f"  {node} from {data['source']}: {what}", markup=False)
+        elif event == "copy":
+            total = int(data["bytes"])  # type: ignore[arg-type]
+            if console.is_terminal:
+                self._bar = Progress(TextColumn(f"  {data['node']}"), BarColumn(), DownloadColumn(),
+                                     TransferSpeedColumn(), TimeRemainingColumn(), console=console)
+                self._bar.start()
+                self._task = self._bar.add_task("copy", total=total)
+        elif event == "progress":
+            if self._bar is not None:
+                self._bar.update(self._task, completed=data["bytes"])
+            elif time.monotonic() - self._last_line > 5:
+                self._last_line = time.monotonic()
+                moved, total, seconds = int(data["bytes"]), int(data["total"]), float(data["seconds"])  # type: ignore[arg-type]
+                rate = moved / seconds if seconds else 0
+                eta = f", ETA {(total - moved) / rate:.0f} s" if rate and moved < total else ""
+                console.print(f"  {data['node']}: {moved / 2**20:.0f}/{total / 2**20:.0f} MiB, "
+                              f"{rate / 1e6:.0f} MB/s{eta}", markup=False)
+        elif event == "copied":
+            self._close()
+            rate = f" at {data['rate_mbs']} MB/s" if data.get("rate_mbs") else ""
+            console.print(f"  {data['node']}: copied {int(data['bytes']) / 2**20:.0f} MiB in {data['seconds']} s{rate}, "
+                          "verified chunk by chunk", markup=False)
+        elif event == "synced":
+            moved = int(data["copied_bytes"])  # type: ignore[arg-type]
+            console.print(Text("sync: ", style="bold green") + Text(
+                f"every node identical ({moved / 2**20:.0f} MiB copied, {data['seconds']} s)" if moved
+                else f"every node identical, nothing to copy ({data['seconds']} s)"))
