@@ -23,6 +23,7 @@ from .errors import SparkClusterError
 from .facts_probe import remote_path
 from .progress import PHASES, Event, State, Tracker, parse_line, track
 from .remote import Fleet, Node
+from .secrets import exports, stdin_lines
 from .serve_plan import NodeCommand, ServePlan, launch_record
 from .session import stop_session_command
 
@@ -97,7 +98,7 @@ def start_command(command: NodeCommand) -> str:
     """
     d, log = _dir(command), _log(command)
     line = command.shell(redact=False, exported=True)
-    secrets = "".join(f"IFS= read -r {name} && export {name} && " for name in command.secrets)
+    secrets = exports([*command.secrets, *command.secret_env_names])
     if command.container is None:
         run = f"setsid nohup env {line}"
     else:  # the client stays on the node, so the log stays on the node's disk
@@ -107,8 +108,9 @@ def start_command(command: NodeCommand) -> str:
 
 
 def secret_values(command: NodeCommand) -> str | None:
-    """The stdin that `start_command` reads: each secret's value from this machine's environment."""
-    if not command.secrets:
+    """The stdin that `start_command` reads: each secret's value from this machine's environment,
+    then the inventory's secret variables (HF_TOKEN, ...)."""
+    if not command.secrets and not command.secret_env_names:
         return None
     lines = []
     for local in command.secrets.values():
@@ -119,6 +121,10 @@ def secret_values(command: NodeCommand) -> str | None:
         if "\n" in value or "\r" in value:
             raise ServeError(f"the value of {local} holds a line break; an API key is one line")
         lines.append(value + "\n")
+    try:
+        lines.append(stdin_lines({k: command.env[k] for k in command.secret_env_names}))
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     return "".join(lines)
 
 

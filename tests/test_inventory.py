@@ -424,7 +424,7 @@ def test_records_are_frozen_and_hashable() -> None:
 def test_node_lookup() -> None:
     inv = parse_inventory(BASE, "/inv/x.yaml")
     assert inv.node("b").address == "10.0.0.2"
-    with pytest.raises(KeyError, match="no node named 'c' in /inv/x.yaml \\(nodes: a, b\\)"):
+    with pytest.raises(KeyError, match="/inv/x.yaml: no node named 'c' \\(nodes: a, b\\)"):
         inv.node("c")
 
 

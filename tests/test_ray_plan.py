@@ -54,7 +54,10 @@ def test_container_runtime_runs_the_image_with_the_node_env() -> None:
     for flag in ("--gpus", "--ipc", "--shm-size", "--device"):
         assert flag in words
     assert "VLLM_HOST_IP=192.168.100.10" in words
-    assert words[-3:] == ["nvcr.io/nvidia/vllm:26.05-py3", "-c", head.start]
+    assert words[-3:-1] == ["nvcr.io/nvidia/vllm:26.05-py3", "-c"] and words[-1].endswith(head.start)
+    # vLLM in the container reads its non-carry-over list from the container's own home.
+    assert '"$HOME/.config/vllm/ray_non_carry_over_env_vars.json"' in words[-1]
+    assert '"VLLM_API_KEY"' in words[-1] and '"VLLM_HOST_IP"' in words[-1]
 
 
 def test_digest_changes_with_what_shapes_ray_only() -> None:

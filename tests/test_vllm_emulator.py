@@ -285,7 +285,7 @@ def _worker(hf_home: Path, rank: int = 0, world: int = 1) -> RayWorkerWrapper:
 def test_a_loading_rank_grows_on_its_node_and_frees_on_release(here: NodePaths, hf_home: Path) -> None:
     base = _meminfo(here)["MemAvailable"]
     w = _worker(hf_home)
-    loader = threading.Thread(target=w.load_model, args=(12.0, None))  # ~25 MB at 12 MB/s: ~2 s
+    loader = threading.Thread(target=w.load_model, args=(2.0, None))  # ~4.5 MB at 2 MB/s: ~2 s
     loader.start()
     seen: list[tuple[int, int]] = []  # (consumer KiB, MemAvailable) while loading
     while loader.is_alive():
@@ -318,7 +318,7 @@ def test_a_long_shard_shows_growth_before_it_ends(here: NodePaths, hf_home: Path
     one.mkdir()
     snapshot = resolve_model(checkpoint.REPO, str(hf_home / "hub"))
     (one / "config.json").write_bytes((snapshot / "config.json").read_bytes())
-    (one / "model.safetensors").write_bytes((snapshot / "model-00001-of-00008.safetensors").read_bytes())
+    (one / "model.safetensors").write_bytes(checkpoint._safetensors({"w": ([3 << 19], bytes(3 << 20))}))
     w = RayWorkerWrapper(0, 1, str(one), str(one), "", False, None)
     loader = threading.Thread(target=w.load_model, args=(1.5, None))
     loader.start()
@@ -336,7 +336,7 @@ def test_a_long_shard_shows_growth_before_it_ends(here: NodePaths, hf_home: Path
 def test_reported_weights_then_the_kv_cache_reservation(here: NodePaths, hf_home: Path) -> None:
     base = _meminfo(here)["MemAvailable"]
     w = _worker(hf_home, rank=1, world=2)
-    loader = threading.Thread(target=w.load_model, args=(8.0, 6.0))  # as SPARK_LAB_WEIGHTS_GIB=6
+    loader = threading.Thread(target=w.load_model, args=(1.0, 6.0))  # as SPARK_LAB_WEIGHTS_GIB=6
     loader.start()
     sizes: list[int] = []
     while loader.is_alive():

@@ -71,6 +71,17 @@ from spark_cluster.sim.vllm_worker import (  # noqa: F401 - vllm_mp and the test
 )
 
 
+
+def _non_carry_over() -> set[str]:
+    """vLLM's RAY_NON_CARRY_OVER_ENV_VARS: variables it never copies to its Ray workers."""
+    root = os.environ.get("VLLM_CONFIG_ROOT") or os.path.join(os.path.expanduser("~"), ".config", "vllm")
+    try:
+        with open(os.path.join(root, "ray_non_carry_over_env_vars.json")) as f:
+            return set(json.load(f))
+    except (OSError, ValueError):
+        return set()
+
+
 class _Terminated(Exception):
     pass
 
@@ -176,7 +187,8 @@ class Engine:
         env = {k: v for k, v in os.environ.items()
                if k.startswith(("VLLM_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_", "SPARK_LAB_"))}
         env.pop("VLLM_HOST_IP", None)
-        env.pop("VLLM_API_KEY", None)  # only the API server needs it; keep it out of Ray's task specs
+        for name in _non_carry_over():  # as vllm/ray/ray_env.py: the list the launcher wrote
+            env.pop(name, None)
         self.workers = [
             cls.options(num_cpus=0, num_gpus=1, max_concurrency=2, runtime_env={"env_vars": env},
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -220,7 +232,7 @@ class Engine:
             if self.fault == "silent-death":
                 os._exit(137)
             self._ray_call("compile_and_profile", self.max_len, args.gpu_memory_utilization,
-                           args.kv_cache_memory_bytes)
+                           args.kv_cache_memory_bytes, args.enforce_eager)
             PREFIX.wait_for("Available KV cache memory", world, 7.0)
         else:
             worker = Worker(0, 1, str(self.snapshot), args.model, self.fault, False,
@@ -231,7 +243,7 @@ class Engine:
                 if self.fault == "silent-death":
                     os._exit(137)
                 worker.compile_and_profile(self.max_len, args.gpu_memory_utilization,
-                                           args.kv_cache_memory_bytes)
+                                           args.kv_cache_memory_bytes, args.enforce_eager)
             except RuntimeError as e:
                 raise EngineFailed(e) from e
         if self.fault == "kv-cache":
@@ -240,9 +252,9 @@ class Engine:
                 "initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
                 "for more details."))
         tokens = 643232
-        log("INFO", "kv_cache_utils.py:1319", f"GPU KV cache size: {tokens:,} tokens")
-        log("INFO", "kv_cache_utils.py:1325", f"Maximum concurrency for {self.max_len:,} tokens per request: "
-            f"{tokens / self.max_len:.2f}x")
+        # One line since 0.2x (vllm/v1/core/kv_cache_utils.py, 0.32).
+        log("INFO", "kv_cache_utils.py:2327", f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_len:,} tokens per request: {tokens / self.max_len:.2f}x")
         if not args.enforce_eager:
             began = time.monotonic()
             for mode, sizes in (("mixed prefill-decode, PIECEWISE", 67), ("decode, FULL", 35)):
@@ -253,8 +265,9 @@ class Engine:
                 sys.stderr.flush()
             log("INFO", "gpu_model_runner.py:6047", f"Graph capturing finished in "
                 f"{round(time.monotonic() - began)} secs, took 0.84 GiB")
-        log("INFO", "core.py:284", f"init engine (profile, create kv cache, warmup model) took "
-            f"{time.monotonic() - self.t_init:.2f} seconds")
+        compiled = "" if args.enforce_eager else f" (compilation: {compile_seconds():.2f} s)"
+        log("INFO", "core.py:402", f"init engine (profile, create kv cache, warmup model) took "
+            f"{time.monotonic() - self.t_init:.2f} s{compiled}")
 
     def shutdown(self, ok: bool = True) -> None:
         """Stop the executor and free the ranks' memory; `ok` False: the engine failed (the other
@@ -329,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _logo(args.model)
     log("INFO", "utils.py:233", f"non-default args: {vllm_args.non_default_args(args)}")
+    if args.enforce_eager:  # today's vLLM (0.32), while it builds the config: every node, headless too
+        log("WARNING", "vllm.py:1703", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel "
+            "warmup. This is equivalent to setting -cc.mode=none -cc.cudagraph_mode=none and "
+            "--kernel_config.enable_jit_warmup=False")
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     local_gpus = int(os.environ.get("SPARK_LAB_LOCAL_GPUS", "1"))
     backend = args.distributed_executor_backend
