@@ -9,9 +9,7 @@ import getpass
 import json
 import os
 import shlex
-import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -209,10 +207,10 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
        as_json: bool) -> int:
     """Check every node, bring Ray up over the link, launch vLLM and follow it until it serves."""
     from .lock import cluster_lock
-    from .preflight import preflight
-    from .ray_cluster import bring_up
-    from .report_view import report_dict
+    from .pipeline import Run
+    from .pipeline import up as run_up
     from .serve_plan import serve_plan
+    from .up_view import UpView
 
     inv = load_inventory(inventory)
     plan = serve_plan(inv) if until == "vllm" or dry_run else None
@@ -224,153 +222,10 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
 
         secret_values(plan.head)  # a key named but not set here: say so before anything starts
         ui.plan_notes(plan)
-    started = time.monotonic()
-    events = ui.JsonLines(enabled=as_json)
-    with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, events:
-        ui.stage(1, "check", f"{len(inv.nodes)} nodes")
-        report = preflight(inv, fleet)
-        lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
-        if lacking:
-            _pull_image(inv, fleet, lacking, events)
-            report = preflight(inv, fleet)
-        if report.blockers:
-            ui.check_report(report_dict(report, [n.name for n in inv.nodes]))
-            raise SparkClusterError(
-                f"check found {len(report.blockers)} blocker(s); nothing was started\n"
-                f"  hint: spark-cluster fix {inventory}  (or --dry-run to see what it would do)")
-        ui.console.print(f"  every node passes ({report.seconds:.1f} s)")
-        events.emit("check", ok=True, seconds=round(report.seconds, 3))
-        if until == "check":
-            return 0
-        stage = 2
-        if inv.model is not None and inv.model.sync:
-            from .sync import sync as stage_weights
-
-            ui.stage(stage, "weights", "the model's HF-cache entry made identical on every node, over the link")
-            with ui.SyncView() as view:
-                staged = stage_weights(inv, fleet, view.event)
-            events.emit("weights", copied_bytes=staged["copied_bytes"], source=staged["source"],
-                        seconds=staged["seconds"])
-            stage += 1
-        if restart and plan is not None:
-            _stop_vllm_for_restart(fleet, plan)
-        if inv.cluster.executor == "mp":
-            _runtime_without_ray(inv, fleet, events, stage)
-        else:
-            ui.stage(stage, "ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
-            with ui.Waiting() as waiting:
-                result = bring_up(inv, fleet, restart=restart, progress=waiting.update)
-            ui.ray_summary(result.state, inv)
-            verb = "reused" if result.reused else f"started on {', '.join(result.started)}"
-            ui.console.print(f"  Ray {verb} in {result.seconds:.1f} s")
-            events.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
-                        nodes=[n.__dict__ for n in result.state.nodes])
-        if plan is not None:
-            _serve(fleet, plan, inv, timeout_s, stalled_after, events, stage + 1)
-        ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
+    with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, UpView(inv, as_json) as view:
+        run_up(Run(inv, fleet, plan, view, until=until, restart=restart, timeout_s=timeout_s,
+                   stalled_after=stalled_after))
     return 0
-
-
-def _pull_image(inv, fleet, nodes: list[str], events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
-    """The image is missing on some nodes: pull it there, showing docker's progress, no time limit."""
-    from .image_pull import pull_missing
-
-    image = inv.cluster.image or ""
-    ui.stage(1, "pull", f"{image} on {', '.join(nodes)} (not there yet)")
-    shown: dict[str, str] = {}
-
-    def progress(node: str, line: str) -> None:
-        if line and shown.get(node) != line:
-            shown[node] = line
-            ui.console.print(f"  {node}: {line}", markup=False)
-            events.emit("pull", node=node, line=line)
-
-    took = pull_missing(fleet, nodes, inv.cluster.name, image, progress)
-    for node, seconds in took.items():
-        ui.console.print(f"  {node}: pulled in {seconds:.0f} s")
-    events.emit("pulled", image=image, nodes={n: round(s, 3) for n, s in took.items()})
-
-
-def _stop_vllm_for_restart(fleet, plan) -> None:  # noqa: ANN001 - Fleet, ServePlan
-    """--restart replaces Ray too, which would kill vLLM's engine mid-flight: stop vLLM first."""
-    from . import serve
-
-    if any(serve.running(fleet.node(c.node), c) for c in plan.commands):
-        ui.console.print(f"  --restart: stopping the running vLLM on {plan.head.node} first")
-        for name, outcome in serve.stop(fleet, plan).items():
-            if isinstance(outcome, Exception):
-                raise SparkClusterError(f"{name}: could not stop vLLM: {outcome}")
-
-
-def _runtime_without_ray(inv, fleet, events, stage: int = 2) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
-    """executor mp: vLLM joins its nodes itself; only a container runtime needs its containers."""
-    from .ray_cluster import start_containers
-
-    began = time.monotonic()
-    ui.stage(stage, "runtime", "executor mp: vLLM's own multi-node mode, no Ray")
-    if inv.cluster.runtime == "container":
-        started = start_containers(inv, fleet)
-        ui.console.print(f"  container {'started on ' + ', '.join(started) if started else 'reused'} "
-                         f"({inv.cluster.image})")
-    events.emit("runtime", executor="mp", runtime=inv.cluster.runtime,
-                seconds=round(time.monotonic() - began, 3))
-
-
-def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events, stage: int = 3) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
-    from .reach import reach
-
-    with reach(plan, fleet) as reachable:
-        _serve_reached(fleet, plan, reachable, inv, timeout_s, stalled_after, events, stage)
-
-
-def _serve_reached(fleet, shown, plan, inv, timeout_s: float, stalled_after: float, events, stage: int = 3) -> None:  # noqa: ANN001 - Fleet, ServePlan, ServePlan, Inventory, JsonLines
-    """`plan`'s endpoint is one this machine reaches (a forward for a loopback API); `shown` is
-    the plan as the user knows it."""
-    from . import serve
-    from .load_view import LoadView
-    from .serve_plan import launch_diff, launch_record
-
-    inventory = inv.path
-    ui.stage(stage, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
-    head = fleet.node(plan.head.node)
-    if serve.running(head, plan.head):
-        record = serve.running_record(head, plan)
-        changed = launch_diff(record, launch_record(plan)) if record is not None else []
-        if changed:
-            raise SparkClusterError(
-                "vLLM of this cluster runs with another launch than the inventory asks for:\n  "
-                + "\n  ".join(changed)
-                + f"\n  hint: `spark-cluster up {inventory} --restart` replaces it; `down` stops it")
-        if serve.readiness(plan) is None:
-            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {shown.endpoint}: reused")
-            ui.forward_hint(shown)
-            events.emit("ready", reused=True, endpoint=shown.endpoint, model=plan.served_model_name)
-            return
-        # Started earlier (an `up` left with Ctrl-C): follow that start from its first line.
-        ui.console.print(f"  vLLM of this cluster is still starting on {plan.head.node}: following it")
-    else:
-        serve.start(fleet, plan)
-    by_ip = {str(spec.link_address): spec.name for spec in inv.nodes}
-    interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    try:
-        with LoadView(ui.console, [spec.name for spec in inv.nodes], events) as view:
-            progress = serve.follow(fleet, plan, view.update, timeout_s=timeout_s, silence_s=stalled_after,
-                                    nodes_by_ip=by_ip, stop=interrupted)
-    except KeyboardInterrupt:
-        from .errors import StoppedFollowing
-
-        raise StoppedFollowing(
-            f"stopped following; vLLM keeps running on {plan.head.node}\n"
-            f"  hint: `spark-cluster up {inventory}` follows it again; `logs -f` shows its log, "
-            "`down` stops it") from None
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    ui.ready_summary(shown, progress)
-    events.emit("ready", reused=False, endpoint=shown.endpoint, model=plan.served_model_name,
-                seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
-                loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
-                phases={k: round(v, 3) for k, v in progress.phase_times.items()})
 
 
 @cli.command()
@@ -622,7 +477,8 @@ def _bench(inventory: str, plan, reachable, levels, max_tokens: int, prompt: str
            as_json: bool) -> int:
     from . import bench as sweep_
     from .recipes import load_recipe
-    from .serve import api_key, readiness
+    from .readiness import readiness
+    from .serve import api_key
 
     problem = readiness(reachable)  # also the warm-up request
     if problem is not None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import time
 
-from .serve import api_key, http, unauthorized_hint
+from .readiness import http, unauthorized_hint
+from .serve import api_key
 from .serve_plan import ServePlan
 
 # vLLM's metric names (vllm-ray.md §5) -> the key status reports them under.

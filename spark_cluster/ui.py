@@ -283,7 +283,7 @@ def forward_hint(plan) -> None:  # noqa: ANN001 - ServePlan
                       f"from your machine: {plan.forward}")
 
 
-def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Progress
+def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, follow.Progress
     state = progress.state
     # Some builds (vLLM's CPU build) log no "Model loading took … GiB": say so, not "?".
     gib = ", ".join(f"{g:g}" for g in state.weights_gib) + " GiB" if state.weights_gib else "not in the log"

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import serve
+from .follow import follow
 from .errors import SparkClusterError
 from .inventory import Inventory
 from .remote import Fleet
@@ -57,7 +58,7 @@ class Supervisor:
             # What is left of the dead start (an mp worker node's process) would block the new one.
             serve.stop(self.fleet, self.plan)
             serve.start(self.fleet, self.plan)
-            progress = serve.follow(self.fleet, self.plan, lambda p: None, timeout_s=self.timeout_s)
+            progress = follow(self.fleet, self.plan, lambda p: None, timeout_s=self.timeout_s)
         except SparkClusterError as exc:
             self.log(f"restart {self.restarts} failed: {str(exc).splitlines()[0]}")
             return True
