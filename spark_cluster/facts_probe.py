@@ -135,21 +135,22 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
             "model_files",
             f"find -L {model_dir(hf_cache, repo)}/snapshots -type f -printf '%P\\t%s\\n'"))
     cluster = inventory.cluster
+    # Versions from package metadata: importing ray would cost a second per node.
+    versions = q("import importlib.metadata as m, sys\n"
+                 "print(sys.version.split()[0])\n"
+                 "for d in ('ray', 'vllm', 'torch'):\n"
+                 "    try: print(d, m.version(d))\n"
+                 "    except m.PackageNotFoundError: print(d, '-')")
     if cluster.runtime == "container":
         probes.append(Probe("docker", "docker info --format '{{.ServerVersion}}'"))
         if cluster.image:
             probes.append(Probe("image", f"docker image inspect --format '{{{{.Id}}}}' {q(cluster.image)}"))
+            # The vLLM inside the image picks the recipe's spelling; --pull never: check pulls nothing.
+            probes.append(Probe("python", f"docker run --rm --pull never --entrypoint python3 {q(cluster.image)} "
+                                          f"-c {versions}", timeout=60))
     else:
         python = remote_path(cluster.python) if cluster.python else "python3"
-        # Versions from package metadata: importing ray would cost a second per node.
-        probes.append(Probe(
-            "python",
-            f"{python} -c " + q(
-                "import importlib.metadata as m, sys\n"
-                "print(sys.version.split()[0])\n"
-                "for d in ('ray', 'vllm', 'torch'):\n"
-                "    try: print(d, m.version(d))\n"
-                "    except m.PackageNotFoundError: print(d, '-')")))
+        probes.append(Probe("python", f"{python} -c {versions}"))
     for r, rail in enumerate(node.link.rails):
         size = node.link.mtu - 28  # the largest ICMP payload an MTU carries unfragmented
         for peer in inventory.nodes:

@@ -166,6 +166,11 @@ def _collect(inventory, fleet, previous, plan, api) -> dict[str, object]:  # noq
         started = head_ok and fleet.node(inventory.head.name).run(
             f"test -f {remote_path(plan.head.log_path.rsplit('/', 1)[0])}/vllm.pid", timeout=15).ok
         vllm["started"] = bool(started or vllm["health"])
+        vllm["failure"] = None
+        if vllm["started"] and not vllm["healthy"]:
+            from .follow import stopped_failure
+
+            vllm["failure"] = stopped_failure(fleet, plan)
         data["vllm"] = vllm
         if vllm["started"]:
             data["healthy"] = healthy and vllm["healthy"]

@@ -652,7 +652,10 @@ def _flag_words(c: Checker, key: str, value: object, path: YamlPath) -> list[str
     flag = _key(c, key, path[:-1], _FLAG)
     flag = flag if flag is None or flag.startswith("-") else "--" + flag
     if value is True or value is False:
-        return [flag] if value else []  # a boolean switch: present or left out
+        if value or flag is None:
+            return [flag]
+        # Off is said out loud: vLLM's switches take --no-x, which also removes a recipe's --x.
+        return ["--" + flag[len("--no-"):] if flag.startswith("--no-") else "--no-" + flag[2:]]
     if value is None:
         c.report(path, f"flag {key!r} has no value", "write true to pass the flag alone, or false to leave it out")
         return []

@@ -7,6 +7,7 @@ Events, in order (data in brackets):
     stage [number, name, detail]                    a stage begins
     pull-line [node, line], pulled [image, nodes]   an image is pulled where it is missing
     check-blocked [report], check [ok, seconds]     check's verdict
+    vllm-version [node, version, variant, recipe]   the recipe spelled for the vLLM check found
     weights-event [event, data], weights [...]      sync's own events, then its result
     restart-stop [node]                             --restart stops a running vLLM first
     ray-wait [message, state], ray [result]         Ray coming up, then up
@@ -79,7 +80,26 @@ def check(run: Run) -> Run:
             f"check found {len(report.blockers)} blocker(s); nothing was started\n"
             f"  hint: spark-cluster fix {run.hint_path}  (or --dry-run to see what it would do)")
     run.emit("check", ok=True, seconds=round(report.seconds, 3))
+    if run.plan is not None:
+        run.plan = plan_for_installed_vllm(run.inventory, run.plan, report, run.emit)
     return run
+
+
+def plan_for_installed_vllm(inv: Inventory, plan: Any, report: Any, emit: Emit = lambda *_, **__: None) -> Any:
+    """The plan in the spelling of the vLLM check found on the head (every node has the same one:
+    check blocks on a difference); a recipe not written for it stops here, naming what it knows."""
+    from .serve_plan import serve_plan
+
+    facts = report.facts.get(inv.head.name)
+    version = facts.runtime_versions.get("vllm") if facts is not None else None
+    if version is None:
+        if plan.vllm_variant is not None:
+            emit("vllm-version", node=inv.head.name, version=None, variant=plan.vllm_variant, recipe=plan.recipe)
+        return plan
+    plan = serve_plan(inv, vllm_version=version)
+    if plan.vllm_variant is not None:
+        emit("vllm-version", node=inv.head.name, version=version, variant=plan.vllm_variant, recipe=plan.recipe)
+    return plan
 
 
 def _pull_image(run: Run, nodes: list[str]) -> None:

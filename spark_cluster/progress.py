@@ -40,6 +40,8 @@ _MODEL_LOADED = re.compile(
     r"Model loading took ([\d.]+) Gi?B(?: memory)?(?: and ([\d.]+) seconds)?")
 _OLD_WEIGHTS = re.compile(r"Loading model weights took ([\d.]+) Gi?B")
 _WEIGHTS_TOOK = re.compile(r"Loading weights took ([\d.]+) seconds")
+# A variable the running vLLM does not read (removed or misspelt): the choice it made is lost.
+_UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (\w+)")
 _PG_WAIT = re.compile(r"Waiting for creating a placement group of specs for (\d+) seconds")
 
 # Failure patterns: (cause, regex). Searched in order; the specific causes come first.
@@ -110,7 +112,7 @@ _SKIPPED_PHASE = re.compile(r"Enforce eager set|disabling torch\.compile|compila
 class Event:
     """One recognised line. `kind`: phase | progress | loaded | pg-wait | failure."""
 
-    kind: str
+    kind: str  # also "unknown-env": a variable vLLM ignored (its name in `message`)
     phase: str | None
     line: str                      # the line as printed, ANSI and carriage returns removed
     message: str                   # the line without process prefixes and logger header
@@ -133,6 +135,8 @@ class State:
     evidence: str | None = None
     last_line: str | None = None   # the last recognised line (what a stalled log stopped at)
     last_kind: str | None = None
+    # Findings that do not stop the start, one line each (a VLLM_* variable vLLM ignored).
+    findings: list[str] = field(default_factory=list)
 
 
 def clean(line: str) -> str:
@@ -171,6 +175,9 @@ def parse_line(line: str) -> Event | None:
     message = _REPEATED.sub("", _HEADER.sub("", body))
     quiet = bool(_QUIET_LEVEL.match(body))
 
+    unknown = _UNKNOWN_ENV.search(message)
+    if unknown:
+        return Event("unknown-env", None, shown, unknown[1])
     bar = _BAR.search(message)
     if bar:
         return Event("progress", "weights", shown, message, n=int(bar["n"]), total=int(bar["total"]))
@@ -238,6 +245,12 @@ class Tracker:
             self.__init__()  # a restart in the same file: the new run is what counts
             state = self.state
         self.events.append(event)
+        if event.kind == "unknown-env":
+            finding = (f"vLLM does not read {event.message}: it ignored it and chose by itself; "
+                       "use the spelling of the installed vLLM (recipes name it per version)")
+            if finding not in state.findings:
+                state.findings.append(finding)
+            return
         state.last_line, state.last_kind = event.line, event.kind
         if event.kind == "failure" and self._stopping:
             return  # what an orderly stop tears down (0.32 logs "AsyncLLM output_handler failed") is no failure

@@ -116,6 +116,10 @@ class ServePlan:
     # itself (vLLM 0.19 copies only VLLM_/NCCL_/UCX_/HF_ ones): they belong in every node's
     # `ray start` environment too.
     ray_node_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # The recipe's variant the plan is spelled in ("vLLM >=0.32,<0.34"), and the installed
+    # vLLM it was picked for (None: not read yet, the newest variant).
+    vllm_variant: str | None = None
+    vllm_version: str | None = None
     weights_gib_per_node: float | None = None  # scaled from the recipe's figure to this plan's size
     pitfalls: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
@@ -132,6 +136,10 @@ class ServePlan:
     def render(self, redact: bool = True) -> str:
         """Every command line as typed on its node, in launch order, each under a comment."""
         lines = []
+        if self.vllm_variant is not None:
+            found = (f"the installed vLLM {self.vllm_version}" if self.vllm_version else
+                     "its newest; up reads the installed vLLM during check and picks its variant")
+            lines.append(f"# recipe {self.recipe} spelled for {self.vllm_variant}: {found}")
         for c in self.commands:
             role = "head" if c.is_head else "worker"
             lines.append(f"# {c.node} ({role}, {c.address}); log: {c.log_path}")
@@ -185,12 +193,13 @@ def _flag_items(argv: list[str]) -> list[str]:
     return items
 
 
-def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePlan:
-    """The launch plan of the inventory's model on the inventory's nodes."""
+def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_version: str | None = None) -> ServePlan:
+    """The launch plan of the inventory's model on the inventory's nodes, in the spelling of
+    ``vllm_version`` (the installed vLLM; None: the recipe's newest variant)."""
     spec = inventory.model
     if spec is None:
         raise ServePlanError(f"{inventory.path}: no model section: add model.recipe or model.name")
-    recipe = load_recipe(spec.recipe) if spec.recipe else None
+    recipe = load_recipe(spec.recipe).for_vllm(vllm_version) if spec.recipe else None
     model = recipe.model if recipe else str(spec.name)
     n_nodes = len(inventory.nodes)
     if recipe and recipe.nodes > n_nodes:
@@ -283,6 +292,7 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePla
         tensor_parallel_size=tp, commands=commands,
         endpoint=f"http://{endpoint_host}:{port}/v1", log_path=log_path,
         secret_env=secret_env, ray_node_env=MappingProxyType(ray_node_env),
+        vllm_variant=recipe.variant.describe() if recipe and recipe.variant else None, vllm_version=vllm_version,
         weights_gib_per_node=_weights(recipe, world),
         pitfalls=recipe.pitfalls if recipe else (), warnings=tuple(warnings),
         listen=listen, bind_host=bind_host, port=port, forward=forward,
@@ -313,8 +323,9 @@ def merge_args(base: Sequence[tuple[str, Sequence[str]]], overrides: Sequence[tu
     for flag, values in overrides:
         if flag.startswith("--no-"):
             positive = "--" + flag[len("--no-"):]
-            if positive in merged:
-                del merged[positive]
+            if positive in merged or positive.startswith("--disable-"):
+                # vLLM's --disable-x switches have no --no- form: off is their default.
+                merged.pop(positive, None)
                 continue
         else:
             merged.pop("--no-" + flag[2:], None)
@@ -402,6 +413,8 @@ def _url_host(address: str) -> str:
 def _shell_word(word: str) -> str:
     if word.startswith("$") and _ENV_NAME.fullmatch(word[1:]):
         return f'"{word}"'  # a reference the node's shell expands: never the secret itself
+    if word == "~" or word.startswith("~/"):
+        return remote_path(word)  # cluster.python: ~ is the node's home, as in Ray's line
     return shlex.quote(word)
 
 

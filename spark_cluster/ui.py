@@ -316,6 +316,10 @@ def vllm_status(data: dict) -> None:
         style=style))
     if vllm.get("error"):
         console.print(Text(f"  {vllm['error']}", style="red"))
+    failure = vllm.get("failure")
+    if failure:
+        console.print(Text(f"  failed on {failure['node']}: {failure['cause']}\n  evidence: {failure['evidence']}"
+                           f"\n  log: {failure['log']} on {failure['node']}", style="red"))
     metrics = {**vllm["metrics"], **(vllm.get("throughput") or {})}
     if metrics:
         console.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
@@ -390,6 +394,9 @@ def summary_line(data: dict) -> str:
                  f" generated {metrics.get('generation_tokens_total', 0):g} tokens"
                  + (f" ({rates.get('prompt_tokens_per_s', 0):g} prompt, "
                     f"{rates.get('generation_tokens_per_s', 0):g} generation tok/s)" if rates else ""))
+        failure = vllm.get("failure")
+        if failure:
+            line += f"; vllm failed on {failure['node']}: {failure['cause']}; evidence: {failure['evidence']}"
     return line
 
 

@@ -62,6 +62,12 @@ class UpView:
         ui.console.print(f"  every node passes ({seconds:.1f} s)")
         self.json.emit("check", ok=ok, seconds=seconds)
 
+    def on_vllm_version(self, node: str, version: str | None, variant: str, recipe: str | None) -> None:
+        if version is None:
+            ui.console.print(f"  vLLM's version could not be read on {node}: the recipe is spelled for {variant}")
+        else:
+            ui.console.print(f"  vLLM {version}: recipe {recipe} spelled for {variant}")
+
     def on_weights_event(self, event: str, data: dict) -> None:
         if self._sync is None:
             self._sync = ui.SyncView().__enter__()
@@ -123,7 +129,10 @@ class UpView:
             self.json.emit("ready", reused=True, endpoint=plan.endpoint, model=plan.served_model_name)
             return
         ui.ready_summary(plan, progress)
-        self.json.emit("ready", reused=False, endpoint=plan.endpoint, model=plan.served_model_name,
+        for finding in progress.state.findings:
+            ui.console.print(f"  [yellow]warning[/]: {finding}")
+        self.json.emit("ready", reused=False, findings=list(progress.state.findings), endpoint=plan.endpoint,
+                       model=plan.served_model_name,
                        seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
                        loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
                        phases={k: round(v, 3) for k, v in progress.phase_times.items()})

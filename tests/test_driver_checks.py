@@ -20,14 +20,15 @@ def test_hung_nvidia_smi_is_a_hang_and_blames_no_module() -> None:
 
 
 def test_a_probe_that_timed_out_is_unknown_not_evidence() -> None:
-    # uname and lsmod hung, nvidia-smi failed: without the kernel no package is blamed, let alone
-    # one named linux-modules-nvidia-580-open- with an empty kernel.
+    # uname and lsmod hung, nvidia-smi failed: the failure is shown, but without the kernel no
+    # package is blamed, let alone one named linux-modules-nvidia-580-open- with an empty kernel.
     raws, _ = lab_fault("kernel-update")
     b = raws["spark-b"]
     set_probe(b, "uname", "", 124, "timed out after 10s")
     set_probe(b, "lsmod", "", 124, "timed out after 10s")
     findings = findings_of(raws)
-    assert blockers(findings) == []
+    assert blockers(findings) == [("spark-b", "driver.unreachable")]
+    assert "why is unknown" in only(findings, "driver.unreachable").message
     assert {f.message for f in findings if f.id == "probe.failed"} == {
         "unknown: probe uname failed on spark-b (timed out after 10s)",
         "unknown: probe lsmod failed on spark-b (timed out after 10s)"}

@@ -89,6 +89,13 @@ def test_outputs_pasted_together_without_prompts() -> None:
     assert "(520.56.06)" in mismatch["message"] and "(525.85.12)" in mismatch["message"]
 
 
+def test_a_failing_nvidia_smi_alone_is_a_fault_with_its_cause_unknown() -> None:
+    data = diagnose_host_output("$ nvidia-smi\nNVIDIA-SMI has failed because it couldn't communicate with the "
+                                "NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\n")
+    assert [f["id"] for f in data["findings"]] == ["driver.unreachable"] and not data["ok"]
+    assert "uname -r: the running kernel" in data["unknown"]
+
+
 def test_a_markdown_table_is_no_nvidia_smi() -> None:
     assert split_paste("| a | b |\n|---|---|\n| 1 | 2 |\n") == []
 

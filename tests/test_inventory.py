@@ -338,7 +338,8 @@ def test_args_mapping_is_flattened_to_argv_words() -> None:
     inv = parse_inventory(variant(l33=args), "x.yaml")
     assert inv.model is not None
     assert inv.model.args == (
-        "--max-model-len", "8192", "--enforce-eager", "--dtype", "auto", "--gpu-memory-utilization", "0.85",
+        "--max-model-len", "8192", "--enforce-eager", "--no-trust-remote-code", "--dtype", "auto",
+        "--gpu-memory-utilization", "0.85",
         "--cuda-graph-sizes", "1", "2", "--speculative-config", '{"method":"ngram","n":3}',
     )  # fmt: skip
 

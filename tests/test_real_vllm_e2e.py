@@ -127,6 +127,35 @@ def test_status_bench_and_logs_read_the_real_server(real: Path) -> None:
     assert "Application startup complete." not in worker.stdout
 
 
+def status_until(real: Path, ok, deadline_s: float = 90.0) -> dict:  # noqa: ANN001
+    end = time.monotonic() + deadline_s
+    while True:
+        report = json.loads(cli("status", str(real), "--json").stdout)
+        if ok(report) or time.monotonic() > end:
+            return report
+        time.sleep(2)
+
+
+def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(real: Path) -> None:
+    # The rank process of the headless node (vLLM titles it VLLM::Worker_TP1), as the OOM killer would
+    on(real, "spark-b", "pkill -9 -f 'VLLM::Worker_TP1'")
+    try:
+        chat()
+    except OSError:
+        pass  # the engine may already be down; the request only makes the head use its peer
+    report = status_until(real, lambda r: (r["vllm"] or {}).get("failure"))
+    failure = report["vllm"]["failure"]
+    assert report["healthy"] is False and failure["node"] == "spark-b", report["vllm"]
+    assert failure["cause"] == "engine-died" and "died unexpectedly (exit code: -9)" in failure["evidence"]
+    shown = cli("status", str(real))
+    assert shown.returncode == 1 and "failed on spark-b: engine-died" in shown.stdout
+    watch = cli("watch", str(real), "--restart-on-failure", "--count", "2", "--interval", "1", timeout=300)
+    assert "vLLM is not running (failed on spark-b: engine-died; evidence: " in watch.stdout, watch.stdout
+    assert "restart 1: ready again" in watch.stdout, watch.stdout + watch.stderr
+    assert json.loads(cli("status", str(real), "--json").stdout)["healthy"] is True
+    assert "--headless" in on(real, "spark-b", f"pgrep -af '{SERVE}'")
+
+
 def test_down_leaves_no_process_port_or_shared_memory(real: Path) -> None:
     done = cli("down", str(real))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -134,3 +163,30 @@ def test_down_leaves_no_process_port_or_shared_memory(real: Path) -> None:
         left = on(real, node, f"pgrep -af '{SERVE}'; ss -ltnH | grep -E ':(8000|29501) '; "
                               "ls -A /dev/shm; echo end")
         assert left.strip() == "end", (node, left)
+
+
+def test_a_port_taken_on_the_head_ends_up_with_port_in_use(real: Path) -> None:
+    hold = ("python3 -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", 8000)); s.listen(); "
+            "time.sleep(300)' >/dev/null 2>&1 & echo $! > /tmp/port-holder.pid")
+    on(real, "spark-a", hold)
+    try:
+        assert on_node(real, "spark-a", "sleep 0.5; ss -ltnH | grep -q ':8000 '").returncode == 0
+        done = cli("up", str(real), "--json", timeout=300)
+        assert done.returncode == 1, done.stdout + done.stderr
+        failed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1]
+        assert failed["event"] == "failed" and failed["cause"] == "port-in-use", failed
+    finally:
+        on(real, "spark-a", "kill $(cat /tmp/port-holder.pid); rm -f /tmp/port-holder.pid")
+    assert cli("down", str(real)).returncode == 0
+    for node in ("spark-a", "spark-b"):
+        assert on(real, node, f"pgrep -af '{SERVE}' || echo none").strip() == "none"
+
+
+def test_the_model_missing_on_spark_b_blocks_before_anything_starts(real: Path) -> None:
+    on(real, "spark-b", "rm -rf /root/.cache/huggingface/hub/models--spark-lab--tiny-moe")
+    check = cli("check", str(real))
+    assert check.returncode == 1 and "model.differs" in check.stdout and "spark-b" in check.stdout, check.stdout
+    done = cli("up", str(real))
+    assert done.returncode == 1, done.stdout + done.stderr
+    for node in ("spark-a", "spark-b"):
+        assert on(real, node, f"pgrep -af '{SERVE}' || echo none").strip() == "none"

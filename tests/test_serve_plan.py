@@ -180,7 +180,8 @@ def test_recipe_env_ray_does_not_copy_is_listed_for_ray_start() -> None:
     inv = with_model(LAB, recipe="nemotron-3-nano-nvfp4")
     plan = serve_plan(inv)
     assert dict(plan.ray_node_env) == {"CUTE_DSL_ARCH": "sm_121a"}
-    assert plan.head.env["VLLM_NVFP4_GEMM_BACKEND"] == "flashinfer-b12x"
+    assert dict(serve_plan(inv, vllm_version="0.20.1").ray_node_env) == {"CUTE_DSL_ARCH": "sm_121a"}
+    assert serve_plan(inv, vllm_version="0.20.1").head.env["VLLM_NVFP4_GEMM_BACKEND"] == "flashinfer-b12x"
     # ...and so every node's `ray start` carries it, while vLLM's own variables stay vLLM's to copy
     for spec in inv.nodes:
         env = node_env(inv, spec)

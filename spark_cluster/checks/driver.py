@@ -108,7 +108,15 @@ def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
                       manual("check `sudo journalctl -k -b | grep -i nvrm`; a reboot usually clears it"))
         return
     if not kernel or not (answered(facts, "kernel_modules") or facts.packages or view.module_paths):
-        return  # which kernel runs, or what is installed for it, is unknown: the probes say so
+        # nvidia-smi shows the fault; which kernel runs, or what is installed for it, is unknown.
+        yield blocker(
+            "driver.unreachable", node,
+            "nvidia-smi cannot reach the NVIDIA driver, and why is unknown: the running kernel or what is "
+            "installed for it could not be read",
+            evidence, manual("show `uname -r`, `lsmod | grep nvidia`, `modinfo nvidia`, `dpkg -l | grep nvidia` "
+                             "and `sudo dmesg | grep NVRM` of the node (`spark-cluster diagnose --host-output` "
+                             "reads them)"))
+        return
     if not _has_modules(facts, kernel):
         yield _modules_missing(facts, view, evidence)
         return
