@@ -8,7 +8,7 @@ Events, in order (data in brackets):
     pull-line [node, line], pulled [image, nodes]   an image is pulled where it is missing
     check-blocked [report], check [ok, seconds]     check's verdict
     vllm-version [node, version, variant, recipe]   the recipe spelled for the vLLM check found
-    weights-event [event, data], weights [...]      sync's own events, then its result
+    weights-event [kind, data], weights [...]       sync's own events, then its result
     restart-stop [node]                             --restart stops a running vLLM first
     ray-wait [message, state], ray [result]         Ray coming up, then up
     runtime [executor, runtime, seconds, started]   executor mp
@@ -120,7 +120,7 @@ def stage_weights(run: Run) -> Run:
     from .sync import sync
 
     run.begin("weights", "the model's HF-cache entry made identical on every node, over the link")
-    run.weights = sync(inv, run.fleet, lambda event, **data: run.emit("weights-event", event=event, data=data))
+    run.weights = sync(inv, run.fleet, lambda kind, **data: run.emit("weights-event", kind=kind, data=data))
     run.emit("weights", copied_bytes=run.weights["copied_bytes"], source=run.weights["source"],
              seconds=run.weights["seconds"])
     return run

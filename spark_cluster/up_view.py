@@ -68,10 +68,10 @@ class UpView:
         else:
             ui.console.print(f"  vLLM {version}: recipe {recipe} spelled for {variant}")
 
-    def on_weights_event(self, event: str, data: dict) -> None:
+    def on_weights_event(self, kind: str, data: dict) -> None:
         if self._sync is None:
             self._sync = ui.SyncView().__enter__()
-        self._sync.event(event, **data)
+        self._sync.event(kind, **data)
 
     def on_weights(self, **data: Any) -> None:
         if self._sync is not None:
