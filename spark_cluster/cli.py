@@ -10,9 +10,7 @@ import getpass
 import json
 import os
 import shlex
-import signal
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -92,6 +90,53 @@ def check(inventory: str, as_json: bool) -> int:
 
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: rails, all-gather, findings.")
+@click.option("--no-allgather", is_flag=True, help="Only the pings, the cabling and TCP.")
+def linktest(inventory: str, as_json: bool, no_allgather: bool) -> int:
+    """Prove the link: per rail and direction a don't-fragment ping at MTU-28, which rail is
+    cabled to which, TCP with several streams; then an all-gather as vLLM uses the link
+    (NCCL where GPUs are, Gloo where not), its bus bandwidth and NCCL's transport.
+
+    Exit 0 when every result meets cluster.linktest's thresholds, 1 otherwise.
+    """
+    from .linktest import linktest as measure
+
+    inv = load_inventory(inventory)
+    with fleet_for(inv) as fleet:
+        data = measure(inv, fleet, (lambda *_, **__: None) if as_json else ui.linktest_event,
+                       gather=not no_allgather)
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+    else:
+        ui.linktest_report(data)
+    return 0 if data["ok"] else 1
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the plan, what was copied, the check after.")
+@click.option("--from", "source_node", metavar="NODE", help="Copy from this node (default: the head if complete).")
+@click.option("--streams", default=4, show_default=True, type=click.IntRange(1, 64), help="TCP streams over the rails.")
+@click.option("--max-mbps", type=click.FloatRange(min=1), default=None, metavar="MBIT",
+              help="Cap the copy's rate (Mbit/s), e.g. while a model serves over the same link.")
+def sync(inventory: str, as_json: bool, source_node: str | None, streams: int, max_mbps: float | None) -> int:
+    """Make the model's HF-cache entry identical on every node: what a node lacks or holds
+    differently (blobs, snapshot links, refs) is copied from a node that has it, over the link.
+
+    Resumes an interrupted copy; refuses, before a byte moves, a node without room.
+    """
+    from .sync import sync as run_sync
+
+    inv = load_inventory(inventory)
+    with fleet_for(inv) as fleet, ui.SyncView(enabled=not as_json) as view:
+        data = run_sync(inv, fleet, view.event, source_node=source_node, streams=streams, max_mbps=max_mbps)
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+    return 0
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print what would run on which node; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask (also answers the playbooks' questions).")
 @click.option("--only", "only", metavar="ID", help="Fix only the findings with this id (warnings too).")
@@ -166,10 +211,10 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
        as_json: bool) -> int:
     """Check every node, bring Ray up over the link, launch vLLM and follow it until it serves."""
     from .lock import cluster_lock
-    from .preflight import preflight
-    from .ray_cluster import bring_up
-    from .report_view import report_dict
+    from .pipeline import Run
+    from .pipeline import up as run_up
     from .serve_plan import serve_plan
+    from .up_view import UpView
 
     inv = load_inventory(inventory)
     plan = serve_plan(inv) if until == "vllm" or dry_run else None
@@ -181,166 +226,10 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
 
         secret_values(plan.head)  # a key named but not set here: say so before anything starts
         ui.plan_notes(plan)
-    started = time.monotonic()
-    events = ui.JsonLines(enabled=as_json)
-    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), events:
-        ui.stage(1, "check", f"{len(inv.nodes)} nodes")
-        report = preflight(inv, fleet)
-        lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
-        if lacking:
-            _pull_image(inv, fleet, lacking, events)
-            report = preflight(inv, fleet)
-        if report.blockers:
-            ui.check_report(report_dict(report, [n.name for n in inv.nodes]))
-            raise SparkClusterError(
-                f"check found {len(report.blockers)} blocker(s); nothing was started\n"
-                f"  hint: spark-cluster fix {inventory}  (or --dry-run to see what it would do)")
-        ui.console.print(f"  every node passes ({report.seconds:.1f} s)")
-        events.emit("check", ok=True, seconds=round(report.seconds, 3))
-        if plan is not None:
-            plan = _plan_for_installed_vllm(inv, plan, report)
-        if until == "check":
-            return 0
-        if restart and plan is not None:
-            _stop_vllm_for_restart(fleet, plan)
-        if inv.cluster.executor == "mp":
-            _runtime_without_ray(inv, fleet, events)
-        else:
-            ui.stage(2, "ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
-            with ui.Waiting() as waiting:
-                result = bring_up(inv, fleet, restart=restart, progress=waiting.update)
-            ui.ray_summary(result.state, inv)
-            verb = "reused" if result.reused else f"started on {', '.join(result.started)}"
-            ui.console.print(f"  Ray {verb} in {result.seconds:.1f} s")
-            events.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
-                        nodes=[n.__dict__ for n in result.state.nodes])
-        if plan is not None:
-            _serve(fleet, plan, inv, timeout_s, stalled_after, events)
-        ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), UpView(inv, as_json) as view:
+        run_up(Run(inv, fleet, plan, view, until=until, restart=restart, timeout_s=timeout_s,
+                   stalled_after=stalled_after))
     return 0
-
-
-def _plan_for_installed_vllm(inv, plan, report):  # noqa: ANN001, ANN202 - Inventory, ServePlan, Report
-    """The plan in the spelling of the vLLM check found on the head (every node has the same one:
-    check blocks on a difference); a recipe not written for it stops here, naming what it knows."""
-    from .serve_plan import serve_plan
-
-    facts = report.facts.get(inv.head.name)
-    version = facts.runtime_versions.get("vllm") if facts is not None else None
-    if version is None:
-        if plan.vllm_variant is not None:
-            ui.console.print(f"  vLLM's version could not be read on {inv.head.name}: the recipe is spelled "
-                             f"for {plan.vllm_variant}")
-        return plan
-    plan = serve_plan(inv, vllm_version=version)
-    if plan.vllm_variant is not None:
-        ui.console.print(f"  vLLM {version}: recipe {plan.recipe} spelled for {plan.vllm_variant}")
-    return plan
-
-
-def _pull_image(inv, fleet, nodes: list[str], events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
-    """The image is missing on some nodes: pull it there, showing docker's progress, no time limit."""
-    from .image_pull import pull_missing
-
-    image = inv.cluster.image or ""
-    ui.stage(1, "pull", f"{image} on {', '.join(nodes)} (not there yet)")
-    shown: dict[str, str] = {}
-
-    def progress(node: str, line: str) -> None:
-        if line and shown.get(node) != line:
-            shown[node] = line
-            ui.console.print(f"  {node}: {line}", markup=False)
-            events.emit("pull", node=node, line=line)
-
-    took = pull_missing(fleet, nodes, inv.cluster.name, image, progress)
-    for node, seconds in took.items():
-        ui.console.print(f"  {node}: pulled in {seconds:.0f} s")
-    events.emit("pulled", image=image, nodes={n: round(s, 3) for n, s in took.items()})
-
-
-def _stop_vllm_for_restart(fleet, plan) -> None:  # noqa: ANN001 - Fleet, ServePlan
-    """--restart replaces Ray too, which would kill vLLM's engine mid-flight: stop vLLM first."""
-    from . import serve
-
-    if any(serve.running(fleet.node(c.node), c) for c in plan.commands):
-        ui.console.print(f"  --restart: stopping the running vLLM on {plan.head.node} first")
-        for name, outcome in serve.stop(fleet, plan).items():
-            if isinstance(outcome, Exception):
-                raise SparkClusterError(f"{name}: could not stop vLLM: {outcome}")
-
-
-def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
-    """executor mp: vLLM joins its nodes itself; only a container runtime needs its containers."""
-    from .ray_cluster import start_containers
-
-    began = time.monotonic()
-    ui.stage(2, "runtime", "executor mp: vLLM's own multi-node mode, no Ray")
-    if inv.cluster.runtime == "container":
-        started = start_containers(inv, fleet)
-        ui.console.print(f"  container {'started on ' + ', '.join(started) if started else 'reused'} "
-                         f"({inv.cluster.image})")
-    events.emit("runtime", executor="mp", runtime=inv.cluster.runtime,
-                seconds=round(time.monotonic() - began, 3))
-
-
-def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
-    from .reach import reach
-
-    with reach(plan, fleet) as reachable:
-        _serve_reached(fleet, plan, reachable, inv, timeout_s, stalled_after, events)
-
-
-def _serve_reached(fleet, shown, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, ServePlan, Inventory, JsonLines
-    """`plan`'s endpoint is one this machine reaches (a forward for a loopback API); `shown` is
-    the plan as the user knows it."""
-    from . import serve
-    from .load_view import LoadView
-    from .serve_plan import launch_diff, launch_record
-
-    inventory = inv.path
-    ui.stage(3, "vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
-    head = fleet.node(plan.head.node)
-    if serve.running(head, plan.head):
-        record = serve.running_record(head, plan)
-        changed = launch_diff(record, launch_record(plan)) if record is not None else []
-        if changed:
-            raise SparkClusterError(
-                "vLLM of this cluster runs with another launch than the inventory asks for:\n  "
-                + "\n  ".join(changed)
-                + f"\n  hint: `spark-cluster up {inventory} --restart` replaces it; `down` stops it")
-        if serve.readiness(plan) is None:
-            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {shown.endpoint}: reused")
-            ui.forward_hint(shown)
-            events.emit("ready", reused=True, endpoint=shown.endpoint, model=plan.served_model_name)
-            return
-        # Started earlier (an `up` left with Ctrl-C): follow that start from its first line.
-        ui.console.print(f"  vLLM of this cluster is still starting on {plan.head.node}: following it")
-    else:
-        serve.start(fleet, plan)
-    by_ip = {str(spec.link_address): spec.name for spec in inv.nodes}
-    interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    try:
-        with LoadView(ui.console, [spec.name for spec in inv.nodes], events) as view:
-            progress = serve.follow(fleet, plan, view.update, timeout_s=timeout_s, silence_s=stalled_after,
-                                    nodes_by_ip=by_ip, stop=interrupted)
-    except KeyboardInterrupt:
-        from .errors import StoppedFollowing
-
-        raise StoppedFollowing(
-            f"stopped following; vLLM keeps running on {plan.head.node}\n"
-            f"  hint: `spark-cluster up {inventory}` follows it again; `logs -f` shows its log, "
-            "`down` stops it") from None
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    ui.ready_summary(shown, progress)
-    for finding in progress.state.findings:
-        ui.console.print(f"  [yellow]warning[/]: {finding}")
-    events.emit("ready", reused=False, findings=list(progress.state.findings), endpoint=shown.endpoint,
-                model=plan.served_model_name,
-                seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
-                loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
-                phases={k: round(v, 3) for k, v in progress.phase_times.items()})
 
 
 @cli.command()
@@ -598,7 +487,8 @@ def _bench(inventory: str, plan, reachable, levels, max_tokens: int, prompt: str
            as_json: bool) -> int:
     from . import bench as sweep_
     from .recipes import load_recipe
-    from .serve import api_key, readiness
+    from .readiness import readiness
+    from .serve import api_key
 
     problem = readiness(reachable)  # also the warm-up request
     if problem is not None:
@@ -632,12 +522,14 @@ def lab() -> None:
               help="Also write the lab's inventory here.")
 @click.option("--engine", type=click.Choice(["real", "emulator"]), default="emulator", show_default=True,
               help="The vLLM the inventory runs: the real vLLM CPU build, or the emulator.")
-def lab_up(count: int, inventory_out: Path | None, engine: str) -> int:
+@click.option("--cache-size", default="1g", show_default=True, metavar="SIZE",
+              help="Each node's HF cache (a tmpfs in memory), e.g. 3g for a 2 GB checkpoint.")
+def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     from .sim import lab as simlab
 
     started = time.monotonic()
-    lab_, created = simlab.up(count, inventory_out, engine=engine)
+    lab_, created = simlab.up(count, inventory_out, engine=engine, cache_size=cache_size)
     verb = "up" if created else "already up"
     ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:

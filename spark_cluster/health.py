@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import time
 
-from .serve import api_key, http, unauthorized_hint
+from .readiness import http, unauthorized_hint
+from .serve import api_key
 from .serve_plan import ServePlan
 
 # vLLM's metric names (vllm-ray.md §5) -> the key status reports them under.
@@ -167,7 +168,7 @@ def _collect(inventory, fleet, previous, plan, api) -> dict[str, object]:  # noq
         vllm["started"] = bool(started or vllm["health"])
         vllm["failure"] = None
         if vllm["started"] and not vllm["healthy"]:
-            from .serve import stopped_failure
+            from .follow import stopped_failure
 
             vllm["failure"] = stopped_failure(fleet, plan)
         data["vllm"] = vllm

@@ -25,6 +25,7 @@ __all__ = [
     "Inventory",
     "InventoryError",
     "Link",
+    "LinktestSettings",
     "ModelSpec",
     "NodeSpec",
     "Problem",
@@ -117,6 +118,18 @@ class SSHSettings:
 
 
 @dataclass(frozen=True)
+class LinktestSettings:
+    """What `linktest` calls good enough. The defaults are NVIDIA's figures for two Sparks:
+    its cluster script warns below 21.875 GB/s all-gather bus bandwidth (175 Gb/s), and a
+    twin of the link carries about 90-100 Gb/s of TCP when healthy."""
+
+    min_bus_gbs: float = 21.875
+    min_tcp_gbps: float = 40.0
+    streams: int = 4
+    seconds: float = 3.0
+
+
+@dataclass(frozen=True)
 class ClusterSettings:
     """Cluster-wide settings: runtime, Ray port, executor, extra environment, SSH."""
 
@@ -130,6 +143,7 @@ class ClusterSettings:
     # hash=False: a mappingproxy is unhashable, and the records should stay hashable.
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     ssh: SSHSettings = field(default_factory=SSHSettings)
+    linktest: LinktestSettings = field(default_factory=LinktestSettings)
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,9 @@ class ModelSpec:
     @property
     def listens_on(self) -> str:
         return self.listen or ("lan" if self.api_key_env else "loopback")
+    # `up` copies what a node lacks of the model's HF-cache entry from a node that has it,
+    # over the link, before vLLM starts (`spark-cluster sync`).
+    sync: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,6 +351,7 @@ def _parse_cluster(c: Checker, value: object, path: YamlPath, base: Path) -> Clu
         "install_ray": (lambda v, p: _flag(c, v, p), False),
         "env": (lambda v, p: _parse_env(c, v, p), MappingProxyType({})),
         "ssh": (lambda v, p: _parse_ssh(c, v, p, base), SSHSettings()),
+        "linktest": (lambda v, p: _parse_linktest(c, v, p), LinktestSettings()),
     }
     f = c.fill(value, path, fields)
     # Judged on the raw values: an invalid runtime is reported already and says nothing here.
@@ -362,6 +380,17 @@ def _parse_ssh(c: Checker, value: object, path: YamlPath, base: Path) -> SSHSett
     }
     f = c.fill(value, path, fields)
     return None if f is None else SSHSettings(**f)
+
+
+def _parse_linktest(c: Checker, value: object, path: YamlPath) -> LinktestSettings | None:
+    fields: dict[str, tuple[Reader, object]] = {
+        "min_bus_gbs": (lambda v, p: c.number(v, p, 0, 10000), LinktestSettings.min_bus_gbs),
+        "min_tcp_gbps": (lambda v, p: c.number(v, p, 0, 10000), LinktestSettings.min_tcp_gbps),
+        "streams": (lambda v, p: c.integer(v, p, 1, 64), LinktestSettings.streams),
+        "seconds": (lambda v, p: c.number(v, p, 0, 600), LinktestSettings.seconds),
+    }
+    f = c.fill(value, path, fields)
+    return None if f is None else LinktestSettings(**f)
 
 
 def _parse_env(c: Checker, value: object, path: YamlPath) -> Mapping[str, str] | None:
@@ -577,6 +606,7 @@ def _parse_model(c: Checker, value: object, path: YamlPath) -> ModelSpec | None:
         "api_key_env": (lambda v, p: _env_name(c, v, p), None),
         "listen": (lambda v, p: c.choice(v, p, LISTEN_CHOICES), None),
         "open_without_key": (lambda v, p: _flag(c, v, p), False),
+        "sync": (lambda v, p: _flag(c, v, p), False),
     }
     f = c.fill(value, path, fields)
     if f is not None and f["listen"] == "lan" and f["api_key_env"] is None and not f["open_without_key"]:

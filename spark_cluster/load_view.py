@@ -23,7 +23,7 @@ def clock(seconds: float) -> str:
 
 
 class LoadView:
-    """Feed it each `serve.Progress` (`update`); use it as a context manager around the follow."""
+    """Feed it each `follow.Progress` (`update`); use it as a context manager around the follow."""
 
     def __init__(self, console: Console, nodes: list[str], events=None) -> None:  # noqa: ANN001 - JsonLines
         self.console = console
@@ -47,7 +47,7 @@ class LoadView:
         if self._live is not None:
             self._live.__exit__(None, None, None)
 
-    def update(self, progress) -> None:  # noqa: ANN001 - serve.Progress
+    def update(self, progress) -> None:  # noqa: ANN001 - follow.Progress
         self._emit(progress)
         if self._live is not None:
             self._live.update(self.render(progress))

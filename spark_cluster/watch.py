@@ -9,6 +9,7 @@ from pathlib import Path
 from . import serve
 from .diagnose import diagnose_log
 from .errors import CommandTimeout, ConnectError, SparkClusterError
+from .follow import follow
 from .inventory import Inventory
 from .remote import Fleet
 from .serve_plan import serve_plan
@@ -74,7 +75,7 @@ class Supervisor:
             # What is left of the dead start (an mp worker node's process) would block the new one.
             serve.stop(self.fleet, self.plan)
             serve.start(self.fleet, self.plan)
-            progress = serve.follow(self.fleet, self.plan, lambda p: None, timeout_s=self.timeout_s)
+            progress = follow(self.fleet, self.plan, lambda p: None, timeout_s=self.timeout_s)
         except SparkClusterError as exc:
             self.log(f"restart {self.restarts} failed: {str(exc).splitlines()[0]}")
             return True

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_cluster.cli import _plan_for_installed_vllm
 from spark_cluster.diagnose import diagnose_log
 from spark_cluster.inventory import load_inventory, parse_inventory
+from spark_cluster.pipeline import plan_for_installed_vllm
 from spark_cluster.progress import track
 from spark_cluster.recipes import RecipeError, load_recipe, parse_recipe, recipe_names
 from spark_cluster.serve_plan import serve_plan
@@ -63,12 +63,12 @@ def test_a_version_the_recipe_does_not_cover_is_refused_naming_the_known_ones(ve
 def test_up_reads_the_heads_vllm_and_picks_the_variant() -> None:
     plan = serve_plan(GPT_OSS)
     report = SimpleNamespace(facts={"spark-a": SimpleNamespace(runtime_versions={"vllm": "0.19.0"})})
-    picked = _plan_for_installed_vllm(GPT_OSS, plan, report)
+    picked = plan_for_installed_vllm(GPT_OSS, plan, report)
     assert picked.head.env["VLLM_MXFP4_USE_MARLIN"] == "1" and "--moe-backend" not in picked.head.argv
     unknown = SimpleNamespace(facts={"spark-a": SimpleNamespace(runtime_versions={})})
-    assert _plan_for_installed_vllm(GPT_OSS, plan, unknown) is plan
+    assert plan_for_installed_vllm(GPT_OSS, plan, unknown) is plan
     with pytest.raises(RecipeError):
-        _plan_for_installed_vllm(GPT_OSS, plan, SimpleNamespace(
+        plan_for_installed_vllm(GPT_OSS, plan, SimpleNamespace(
             facts={"spark-a": SimpleNamespace(runtime_versions={"vllm": "0.26.0"})}))
 
 

@@ -65,11 +65,12 @@ def check_model_files(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> I
         wrong = [p for p in union if p in files and files[p] != union[p]]
         if absent or wrong:
             sample = (absent + wrong)[0]
-            yield blocker(
+            # With model.sync, `up` copies what differs before vLLM starts: nothing blocks.
+            yield (warning if inventory.model.sync else blocker)(
                 "model.differs", node,
                 f"{node} lacks {len(absent)} and has {len(wrong)} differing of {len(union)} files "
                 f"of {name} ({gib(total)})",
                 f"{sample}: " + ("absent" if sample in absent else
                                  f"{files[sample]} bytes, others {union[sample]}"),
-                manual("copy the checkpoint from a node that has it over the link "
-                       "(rsync -a blobs and snapshots together)"))
+                manual(f"spark-cluster sync {inventory.path.name} copies it from a node that has it over the "
+                       "link (or set model.sync: true and `up` does it)"))

@@ -42,6 +42,12 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
         for interface in (rail0, rail1):
             netns.set_link(name, interface, up=False)
         done = f"{name}: {rail0} and {rail1} are down (the QSFP cable is out)"
+    elif fault == "crossed-rails":
+        with locked_state(node.paths) as state:
+            if fault in state["faults"]:
+                return f"{name}: its rails are crossed already"
+        netns.swap_rails(name, node.index)
+        done = f"{name}: {rail0} and {rail1} are crossed (each rail's cable reaches the other twin)"
     elif fault == "mtu":
         netns.set_link(name, rail0, mtu=1500)
         done = f"{name}: {rail0} is at MTU 1500, its peer at {netns.LINK_MTU}"
@@ -89,7 +95,10 @@ def heal_node(lab: Lab, name: str) -> str:
     """Undo every fault on a node, live and in its state."""
     node = lab.node(name)
     with locked_state(node.paths) as state:
+        crossed = "crossed-rails" in state["faults"]
         swapped = "cable-other-port" in state["faults"]
+    if crossed:
+        netns.swap_rails(name, node.index)
     if swapped:
         swap_ports(name)
     write_history(node.paths, "")

