@@ -78,7 +78,7 @@ def test_the_crash_is_diagnosed_before_the_restart(supervisor, monkeypatch) -> N
     def follow(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise SparkClusterError("vLLM failed again")
 
-    monkeypatch.setattr(serve, "follow", follow)
+    monkeypatch.setattr(watch, "follow", follow)
     assert sup.tend({"vllm": {"healthy": False}}) is True
     assert calls == ["stop", "start"]
     assert "vLLM is not running: engine-died: (Worker_TP1 pid=598) Fatal Python error: Segmentation fault" in lines[0]
