@@ -108,7 +108,10 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
         before = preflight(inv, fleet)
         plans = plans_for(before.findings, only)
         unfixable = [f for f in before.blockers if f.fix is None or f.fix.playbook is None]
-        ui.fix_plan(plans)
+        ui.fix_plan(plans, sudo_password=password is not None)
+        if password is not None and plans:
+            ui.console.print("  (sudo reads the password from its standard input: `-S -p ''`)",
+                             style="dim")
         for finding in unfixable if not only else []:
             ui.console.print(f"not fixable here: {finding.node}: {finding.id}: "
                              f"{finding.fix.note if finding.fix else finding.message}")
