@@ -95,9 +95,11 @@ def check(inventory: str, as_json: bool) -> int:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask (also answers the playbooks' questions).")
 @click.option("--only", "only", metavar="ID", help="Fix only the findings with this id (warnings too).")
 @click.option("--reboot", "allow_reboot", is_flag=True, help="Allow playbooks to reboot a node.")
+@click.option("--reboot-wait", "reboot_wait", type=click.FloatRange(1, 3600), default=900.0,
+              show_default=True, help="Seconds to wait for a rebooted node to come back.")
 @click.option("--ask-sudo-pass", is_flag=True, help="Ask once for the sudo password; never stored.")
 def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot: bool,
-        ask_sudo_pass: bool) -> int:
+        reboot_wait: float, ask_sudo_pass: bool) -> int:
     """Run the playbooks that the blocking findings name, then check again."""
     from .preflight import preflight
     from .repair import approvals, execute, plans_for
@@ -121,7 +123,8 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
             raise SparkClusterError("nothing was changed\n  hint: run again with --yes, "
                                     "or --dry-run to only look")
         approved = approvals(plans, lambda node, q: yes or _confirm(f"{node}: {q}"))
-        results = execute(fleet, plans, approved, allow_reboot)
+        results = execute(fleet, plans, approved, allow_reboot, reboot_wait,
+                          progress=lambda node, text: ui.console.print(f"{node}  {text}"))
         ui.fix_results(results)
         after = preflight(inv, fleet)
     _report_change(before, after, results)
@@ -505,12 +508,14 @@ def lab() -> None:
 @click.option("--nodes", "count", default=2, show_default=True, help="How many Sparks.")
 @click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the lab's inventory here.")
-def lab_up(count: int, inventory_out: Path | None) -> int:
+@click.option("--reboot-seconds", type=click.FloatRange(0, 3600), default=60.0, show_default=True,
+              help="How long a node stays down when it reboots (a Spark takes a minute or more).")
+def lab_up(count: int, inventory_out: Path | None, reboot_seconds: float) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     from .sim import lab as simlab
 
     started = time.monotonic()
-    lab_, created = simlab.up(count, inventory_out)
+    lab_, created = simlab.up(count, inventory_out, reboot_s=reboot_seconds)
     verb = "up" if created else "already up"
     ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:

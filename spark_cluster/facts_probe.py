@@ -51,6 +51,9 @@ class Probe:
     timeout: float = PROBE_TIMEOUT
 
 
+EACH_FILE = '"$f"'
+
+
 def remote_path(path: str) -> str:
     """A validated remote path as a shell word: `~/x` becomes "$HOME"/'x', the rest is quoted."""
     if path == "~":
@@ -102,8 +105,10 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
         from .ray_plan import container_name
 
         container = f"docker top {shlex.quote(container_name(inventory))} -eo pid 2>/dev/null | tail -n +2; "
+    from .session import session_of
+
     probes.append(Probe("own_pids", f"for f in {state}/vllm.pid {state}/ray.pid; do "
-                                    "sid=$(cat \"$f\" 2>/dev/null) && pgrep -s \"$sid\"; done; "
+                                    f"{session_of(EACH_FILE)}; [ -z \"$sid\" ] || pgrep -s \"$sid\"; done; "
                                     f"{container}true"))
     model = inventory.model
     hf_cache = model.hf_cache if model else "~/.cache/huggingface"

@@ -30,7 +30,7 @@ from .ray_plan import (
 )
 from .remote import Fleet, Node
 from .serve_plan import API_PORT
-from .session import stop_session_command
+from .session import record_session, session_of, stop_session_command
 
 JOIN_DEADLINE_S = 120.0
 STOP_DEADLINE_S = 20.0
@@ -110,6 +110,10 @@ def query_state(inventory: Inventory, head: Node) -> RayState:
     return RayState(True, raw.get("version"), nodes)
 
 
+_QUOTED_RAY_PID = '"$d/ray.pid"'
+_EACH_FILE = '"$f"'
+
+
 def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
     d = _dir(inventory)
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in node_plan.env.items())
@@ -118,7 +122,7 @@ def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
         f"set -e; d={d}; mkdir -p \"$d\" \"$HOME/.config/vllm\"; "
         f"printf '%s\\n' {carry} > \"$HOME/.config/vllm/ray_non_carry_over_env_vars.json\"; "
         f"cd \"$d\"; setsid nohup env {env} {node_plan.start} > \"$d/ray.log\" 2>&1 < /dev/null & "
-        f"echo $! > \"$d/ray.pid\"; echo started"
+        f"{record_session(_QUOTED_RAY_PID)}; echo started"
     )
 
 
@@ -146,7 +150,7 @@ def foreign_ray(node: Node, inventory: Inventory) -> list[int]:
     """Ray daemons on the node that are not in this cluster's session (someone else's Ray)."""
     d = _dir(inventory)
     result = node.run(
-        f"sid=$(cat {d}/ray.pid 2>/dev/null || echo none); "
+        f"{session_of(d + '/ray.pid')}; [ -n \"$sid\" ] || sid=none; "
         "for p in $(pgrep -x raylet; pgrep -x gcs_server); do "
         "[ \"$(ps -o sid= -p $p | tr -d ' ')\" = \"$sid\" ] || echo $p; done", timeout=20)
     return [int(p) for p in result.stdout.split() if p.isdigit()]
@@ -365,7 +369,7 @@ def leftovers(inventory: Inventory, node: Node) -> list[str]:
     d = _dir(inventory)
     name = container_name(inventory)
     result = node.run(
-        f"for f in {d}/ray.pid {d}/vllm.pid; do sid=$(cat \"$f\" 2>/dev/null); "
+        f"for f in {d}/ray.pid {d}/vllm.pid; do {session_of(_EACH_FILE)}; "
         "[ -z \"$sid\" ] || pgrep -s \"$sid\" | sed 's/^/process /'; done; "
         f"docker ps -aq --filter name=^{name}$ 2>/dev/null | sed 's/^/container /'; "
         f"ss -ltnH 2>/dev/null | awk '{{print $4}}' | grep -E ':({inventory.cluster.ray_port}|{DASHBOARD_PORT}|{API_PORT})$'"

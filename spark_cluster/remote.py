@@ -101,10 +101,14 @@ def sudo_line(command: str, *, password: bool = False) -> str:
 
     Without a password `sudo -n` never prompts: a password rule becomes a clear error instead
     of a hang. With one, `sudo -S -p ''` reads it as the first line of standard input (given
-    once per command, never on a command line) and prints no prompt into the output.
+    once per command, never on a command line or in an environment) and prints no prompt.
     """
-    flags = "-S -p ''" if password else "-n"
-    return f"sudo {flags} -- sh -c {shlex.quote(command)}"
+    if not password:
+        return f"sudo -n -- sh -c {shlex.quote(command)}"
+    # The node's shell takes the password's line before anything else runs, so the channel
+    # stays open until it is sent; it goes on to sudo, and the rest of stdin to the command.
+    return ("IFS= read -r pw && { printf '%s\\n' \"$pw\"; cat; } | "
+            f"sudo -S -p '' -- sh -c {shlex.quote(command)}")
 
 
 def sudo_stdin(password: str | None, stdin: str | None) -> str | None:

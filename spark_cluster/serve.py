@@ -24,7 +24,7 @@ from .facts_probe import remote_path
 from .progress import PHASES, Event, State, Tracker, parse_line, track
 from .remote import Fleet, Node
 from .serve_plan import NodeCommand, ServePlan, launch_record
-from .session import stop_session_command
+from .session import record_session, session_of, stop_session_command
 
 _IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)\)")  # Ray's prefix of a remote actor's line
 _ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\-]+)?\)")  # any rank's line
@@ -103,7 +103,7 @@ def start_command(command: NodeCommand) -> str:
     else:  # the client stays on the node, so the log stays on the node's disk
         run = f"setsid nohup {line}"
     return (f"{secrets}mkdir -p {d} && : > {log} && cd {d} && "
-            f"{{ {run} >> {log} 2>&1 < /dev/null & echo $! > {d}/vllm.pid; }} && echo started")
+            f"{{ {run} >> {log} 2>&1 < /dev/null & {record_session(d + '/vllm.pid')}; }} && echo started")
 
 
 def secret_values(command: NodeCommand) -> str | None:
@@ -145,7 +145,8 @@ def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
 
 def running(node: Node, command: NodeCommand) -> bool:
     d = _dir(command)
-    result = node.run(f"sid=$(cat {d}/vllm.pid 2>/dev/null) && pgrep -s \"$sid\" >/dev/null", timeout=20)
+    result = node.run(f"{session_of(d + '/vllm.pid')}; [ -n \"$sid\" ] && pgrep -s \"$sid\" >/dev/null",
+                      timeout=20)
     return result.ok
 
 

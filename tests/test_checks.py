@@ -681,7 +681,7 @@ def test_sudo_and_reboot_required() -> None:
     assert ids(findings) == [("spark-a", "sudo.needs-password", "warning"),
                              ("spark-a", "os.reboot-required", "info")]
     assert findings[0].evidence == "sudo -n true: sudo: a password is required"
-    assert "root ALL=(ALL) NOPASSWD: ALL" in (findings[0].fix.note if findings[0].fix else "")
+    assert "nvidia ALL=(ALL) NOPASSWD: ALL" in (findings[0].fix.note if findings[0].fix else "")
 
 
 # --- across nodes: versions, model files ----------------------------------------------------------

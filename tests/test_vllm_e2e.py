@@ -126,7 +126,7 @@ def test_bench_measures_the_rates_of_seed_003(lab) -> None:
 
 def test_watch_restarts_a_dead_engine(lab) -> None:
     killed = cli("exec", str(lab), "--node", "spark-a", "--",
-                 "pkill -KILL -s $(cat ~/.cache/spark-cluster/sim/vllm.pid) && echo killed")
+                 "pkill -KILL -s $(cut -d' ' -f1 ~/.cache/spark-cluster/sim/vllm.pid) && echo killed")
     assert "killed" in killed.stdout
     done = cli("watch", str(lab), "--restart-on-failure", "--count", "6", timeout=240)
     assert "vLLM is not running: restart 1/3 in 2 s" in done.stdout
