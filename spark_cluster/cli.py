@@ -508,9 +508,10 @@ def lab() -> None:
 @click.option("--nodes", "count", default=2, show_default=True, help="How many Sparks.")
 @click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the lab's inventory here.")
-@click.option("--reboot-seconds", type=click.FloatRange(0, 3600), default=60.0, show_default=True,
-              help="How long a node stays down when it reboots (a Spark takes a minute or more).")
-def lab_up(count: int, inventory_out: Path | None, reboot_seconds: float) -> int:
+@click.option("--reboot-seconds", type=click.FloatRange(0, 3600), default=None,
+              help="How long a node stays down when it reboots (default 60: a Spark takes a "
+                   "minute or more); changes a running lab's too.")
+def lab_up(count: int, inventory_out: Path | None, reboot_seconds: float | None) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     from .sim import lab as simlab
 

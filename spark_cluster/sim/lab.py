@@ -503,8 +503,9 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
 
 
 def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_ROOT,
-       timeout_s: float = 15.0, reboot_s: float = DEFAULT_REBOOT_S) -> tuple[Lab, bool]:
-    """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept."""
+       timeout_s: float = 15.0, reboot_s: float | None = None) -> tuple[Lab, bool]:
+    """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept
+    (with `reboot_s`, the seconds its nodes stay down in a reboot, changed when given)."""
     require_root()
     _require_tools()
     if not 1 <= count <= 26:
@@ -512,7 +513,8 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
     existing = load_lab(lab_root)
     if existing is not None:
         if len(existing.nodes) == count and all(pid_alive(n.sshd_pid) for n in existing.nodes):
-            set_reboot_seconds(existing, reboot_s)
+            if reboot_s is not None:
+                set_reboot_seconds(existing, reboot_s)
             if inventory_out is not None:
                 _write_inventory(inventory_out, lab_root, [n.name for n in existing.nodes])
             return existing, False
@@ -539,7 +541,8 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         password_hash = _password_hash(password)
         all_paths = []
         for i, name in enumerate(names):
-            all_paths.append(_prepare_node(name, i, lab_root, ids, password_hash, reboot_s))
+            all_paths.append(_prepare_node(name, i, lab_root, ids, password_hash,
+                                           DEFAULT_REBOOT_S if reboot_s is None else reboot_s))
             netns.create_node(name, i)
         netns.cable(names)
         nodes = []
