@@ -177,7 +177,7 @@ def test_driver_mismatch_needs_reboot_and_reboots_only_when_asked(healthy) -> No
 
 def test_unreachable_node_is_one_finding(healthy) -> None:
     lab_, inventory = healthy
-    frozen = lab_.node("spark-b").sshd_pid
+    frozen = simlab.sshd_of(lab_.node("spark-b"))
     os.kill(frozen, signal.SIGSTOP)
     try:
         code, report = check(inventory)

@@ -43,7 +43,7 @@ class LabNode:
     name: str
     index: int
     address: str
-    sshd_pid: int  # PID 1 of the node's PID namespace, as this machine numbers it
+    sshd_pid: int  # PID 1 of the node's PID namespace (its init), as this machine numbers it
     launcher_pid: int  # `unshare`, our child: collected when the node stops
 
     @property
@@ -74,6 +74,22 @@ class Lab:
                 return node
         known = ", ".join(n.name for n in self.nodes)
         raise LabError(f"no node {name!r} in the lab (nodes: {known})")
+
+
+def sshd_of(node: LabNode) -> int | None:
+    """The pid (as this machine numbers it) of the node's sshd, a child of its init; None while
+    the node is rebooting."""
+    try:
+        children = Path(f"/proc/{node.sshd_pid}/task/{node.sshd_pid}/children").read_text().split()
+    except OSError:
+        return None
+    for pid in children:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+                return int(pid)
+        except OSError:
+            continue
+    return None
 
 
 def require_root() -> None:
