@@ -37,7 +37,7 @@ ALL_IDS = {
     "memory.held-by-cluster", "memory.low", "memory.page-cache", "model.differs", "model.missing", "os.reboot-required",
     "rdma.module-not-loaded", "ssh.unreachable", "sudo.needs-password", "versions.image-differs",
     "versions.ray-differs", "versions.vllm-differs", "versions.python-differs",
-    "versions.driver-differs", "versions.kernel-differs",
+    "versions.driver-differs", "versions.kernel-differs", "facts.slow", "facts.probe-slow",
 }
 
 # --- raw probe answers of a healthy Spark -------------------------------------------------------
@@ -394,9 +394,9 @@ def test_kernel_update_fix_commands_exactly() -> None:
     hit = only(findings_of(raws), "driver.modules-missing")
     packages = "linux-modules-nvidia-580-open-6.17.0-1018-nvidia linux-modules-nvidia-580-open-nvidia-hwe-24.04"
     assert fix_commands(hit) == [
-        "sudo -n -- sh -c 'apt-get update -q'",
+        "sudo -n -- sh -c 'apt-get -o DPkg::Lock::Timeout=300 update -q'",
         f"sudo -n -- sh -c 'apt-get install -s {packages}'",
-        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y {packages}'",
+        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y {packages}'",
         "sudo -n -- sh -c 'modprobe nvidia && modprobe nvidia_uvm'",
         "sudo -n -- sh -c 'systemctl restart nvidia-persistenced'",
     ]

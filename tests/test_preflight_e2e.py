@@ -131,7 +131,7 @@ def test_dry_run_changes_nothing(healthy) -> None:
     done = cli("fix", str(inventory), "--dry-run")
     assert done.returncode == 0, done.stderr
     # It says exactly what would run, on which node...
-    assert ("sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y "
+    assert ("sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y "
             "linux-modules-nvidia-580-open-6.17.0-1018-nvidia") in done.stdout
     assert "spark-b  driver-repair" in done.stdout and "spark-a  stop-competing-servers" in done.stdout
     # ...and changes nothing anywhere.
