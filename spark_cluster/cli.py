@@ -424,9 +424,18 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
     directory = state_dir(inv.cluster.name)
     vllm_here = inv.model is not None and (spec.is_head or inv.cluster.executor == "mp")
     path = remote_path(f"{directory}/{'vllm.log' if vllm_here else 'ray.log'}")
+    if not vllm_here and inv.cluster.runtime == "container":
+        # Ray runs as the container's command: its output is the container's log.
+        from .ray_plan import container_name
+
+        path = f"the log of container {container_name(inv)}"
+        source = f"docker logs {shlex.quote(container_name(inv))} 2>&1"
+    else:
+        source = f"cat {path}"
     with fleet_for(inv, only=spec.name) as fleet:
         node = fleet.node(spec.name)
-        first = node.run(f"tail -n {int(lines)} {path}; wc -l < {path}", timeout=30)
+        first = node.run(f"out=$({source}) || exit 1; printf '%s\\n' \"$out\" | tail -n {int(lines)}; "
+                         f"printf '%s\\n' \"$out\" | wc -l", timeout=30)
         if not first.ok:
             raise SparkClusterError(f"{spec.name}: no log at {path}: {first.tail('stderr', 1)}\n"
                                     "  hint: has `up` run on this cluster?")
@@ -436,7 +445,7 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
         try:
             while follow:
                 time.sleep(1.0)
-                more = node.run(f"tail -n +{done + 1} {path}", timeout=30).stdout
+                more = node.run(f"{source} | tail -n +{done + 1}", timeout=30).stdout
                 complete, _, _ = more.rpartition("\n")
                 if complete:
                     ui.console.out(complete, highlight=False)

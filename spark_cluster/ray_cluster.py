@@ -24,6 +24,7 @@ from .ray_plan import (
     container_name,
     docker_run,
     non_carry_over_file,
+    prepare_container,
     plan,
     plan_node,
     state_dir,
@@ -221,7 +222,7 @@ def config_diff(old: dict[str, object], new: dict[str, object]) -> list[str]:
 def _start(inventory: Inventory, node: Node, node_plan: RayNodePlan) -> None:
     if inventory.cluster.runtime == "container":
         node.run(_stop_container(inventory), timeout=60)
-        result = node.run(docker_run(inventory, node_plan), timeout=120)
+        result = node.run(f"{prepare_container(inventory)} && {docker_run(inventory, node_plan)}", timeout=120)
     else:
         result = node.run(_start_host(inventory, node_plan), timeout=60)
     if not result.ok:
@@ -347,7 +348,7 @@ def start_containers(inventory: Inventory, fleet: Fleet) -> list[str]:
                            {k: v for k, v in plan_node(inventory, spec).env.items() if not k.startswith("RAY_")},
                            "exec sleep infinity")
         node.run(_stop_container(inventory), timeout=60)
-        result = node.run(docker_run(inventory, idle), timeout=120)
+        result = node.run(f"{prepare_container(inventory)} && {docker_run(inventory, idle)}", timeout=120)
         if not result.ok:
             raise RayError(f"{node.name}: the container did not start: "
                            f"{result.tail('stderr', 5) or result.tail('stdout', 5)}")

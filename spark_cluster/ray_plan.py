@@ -139,11 +139,32 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
             "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", CONTAINER_SHM,
             "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
             "--device", "/dev/infiniband", "--entrypoint", "/bin/bash"]
-    for key, value in node_plan.env.items():
+    for key, value in {**node_plan.env, **CONTAINER_CACHE_ENV}.items():
         args += ["-e", f"{key}={value}"]
     words = " ".join(shlex.quote(a) for a in args)
-    mount = f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"
-    return f"{words} {mount} {shlex.quote(cluster.image or '')} -c {shlex.quote(node_plan.start)}"
+    mounts = [f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"]
+    # Compile caches live on the node, so a restarted container reuses them instead of compiling again.
+    mounts += [f"-v {remote_path(node)}:{inside}" for node, inside in CONTAINER_CACHES]
+    carry = remote_path(f"{state_dir(cluster.name)}/{NON_CARRY_OVER}")
+    mounts.append(f"-v {carry}:/root/.config/vllm/{NON_CARRY_OVER}:ro")
+    return (f"{words} {' '.join(mounts)} {shlex.quote(cluster.image or '')} "
+            f"-c {shlex.quote(node_plan.start)}")
+
+
+NON_CARRY_OVER = "ray_non_carry_over_env_vars.json"
+CONTAINER_CACHES = (("~/.cache/vllm", "/root/.cache/vllm"), ("~/.cache/torch", "/root/.cache/torch"))
+CONTAINER_CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "/root/.cache/torch/inductor",
+                       "TRITON_CACHE_DIR": "/root/.cache/torch/triton"}
+
+
+def prepare_container(inventory: Inventory) -> str:
+    """Shell run on the node before `docker_run`: the node-side caches exist (owned by the login
+    user, not created by the daemon as root) and the non-carry-over list is written where
+    the container mounts it."""
+    d = remote_path(state_dir(inventory.cluster.name))
+    dirs = " ".join(remote_path(node) for node, _ in CONTAINER_CACHES)
+    return (f"mkdir -p {d} {dirs} && printf '%s\\n' {shlex.quote(non_carry_over_file())} "
+            f"> {d}/{NON_CARRY_OVER}")
 
 
 def non_carry_over_file() -> str:

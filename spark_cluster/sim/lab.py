@@ -211,6 +211,8 @@ def _boot_script(name: str, paths: NodePaths) -> str:
     keep = [(src, paths.root / "keep" / str(i)) for i, src in enumerate(places)]
     for _, view in keep:
         view.mkdir(parents=True, exist_ok=True)
+    # Containers (own /root) bind them back the same way (standins.containers.own_filesystem).
+    (paths.root / "keep.json").write_text(json.dumps([[str(view), str(src)] for src, view in keep]))
     q = shlex.quote
     return "\n".join(
         [
