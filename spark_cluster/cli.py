@@ -182,11 +182,16 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
         from .serve import secret_values
 
         secret_values(plan.head)  # a key named but not set here: say so before anything starts
+        ui.plan_notes(plan)
     started = time.monotonic()
     events = ui.JsonLines(enabled=as_json)
     with cluster_lock(inv.cluster.name), fleet_for(inv) as fleet, events:
         ui.stage(1, "check", f"{len(inv.nodes)} nodes")
         report = preflight(inv, fleet)
+        lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
+        if lacking:
+            _pull_image(inv, fleet, lacking, events)
+            report = preflight(inv, fleet)
         if report.blockers:
             ui.check_report(report_dict(report, [n.name for n in inv.nodes]))
             raise SparkClusterError(
@@ -194,6 +199,8 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
                 f"  hint: spark-cluster fix {inventory}  (or --dry-run to see what it would do)")
         ui.console.print(f"  every node passes ({report.seconds:.1f} s)")
         events.emit("check", ok=True, seconds=round(report.seconds, 3))
+        if plan is not None:
+            plan = _plan_for_installed_vllm(inv, plan, report)
         if until == "check":
             return 0
         if restart and plan is not None:
@@ -213,6 +220,44 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             _serve(fleet, plan, inv, timeout_s, stalled_after, events)
         ui.console.print(f"up: done in {time.monotonic() - started:.1f} s (until {until})")
     return 0
+
+
+def _plan_for_installed_vllm(inv, plan, report):  # noqa: ANN001, ANN202 - Inventory, ServePlan, Report
+    """The plan in the spelling of the vLLM check found on the head (every node has the same one:
+    check blocks on a difference); a recipe not written for it stops here, naming what it knows."""
+    from .serve_plan import serve_plan
+
+    facts = report.facts.get(inv.head.name)
+    version = facts.runtime_versions.get("vllm") if facts is not None else None
+    if version is None:
+        if plan.vllm_variant is not None:
+            ui.console.print(f"  vLLM's version could not be read on {inv.head.name}: the recipe is spelled "
+                             f"for {plan.vllm_variant}")
+        return plan
+    plan = serve_plan(inv, vllm_version=version)
+    if plan.vllm_variant is not None:
+        ui.console.print(f"  vLLM {version}: recipe {plan.recipe} spelled for {plan.vllm_variant}")
+    return plan
+
+
+def _pull_image(inv, fleet, nodes: list[str], events) -> None:  # noqa: ANN001 - Inventory, Fleet, JsonLines
+    """The image is missing on some nodes: pull it there, showing docker's progress, no time limit."""
+    from .image_pull import pull_missing
+
+    image = inv.cluster.image or ""
+    ui.stage(1, "pull", f"{image} on {', '.join(nodes)} (not there yet)")
+    shown: dict[str, str] = {}
+
+    def progress(node: str, line: str) -> None:
+        if line and shown.get(node) != line:
+            shown[node] = line
+            ui.console.print(f"  {node}: {line}", markup=False)
+            events.emit("pull", node=node, line=line)
+
+    took = pull_missing(fleet, nodes, inv.cluster.name, image, progress)
+    for node, seconds in took.items():
+        ui.console.print(f"  {node}: pulled in {seconds:.0f} s")
+    events.emit("pulled", image=image, nodes={n: round(s, 3) for n, s in took.items()})
 
 
 def _stop_vllm_for_restart(fleet, plan) -> None:  # noqa: ANN001 - Fleet, ServePlan
@@ -241,6 +286,15 @@ def _runtime_without_ray(inv, fleet, events) -> None:  # noqa: ANN001 - Inventor
 
 
 def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, Inventory, JsonLines
+    from .reach import reach
+
+    with reach(plan, fleet) as reachable:
+        _serve_reached(fleet, plan, reachable, inv, timeout_s, stalled_after, events)
+
+
+def _serve_reached(fleet, shown, plan, inv, timeout_s: float, stalled_after: float, events) -> None:  # noqa: ANN001 - Fleet, ServePlan, ServePlan, Inventory, JsonLines
+    """`plan`'s endpoint is one this machine reaches (a forward for a loopback API); `shown` is
+    the plan as the user knows it."""
     from . import serve
     from .load_view import LoadView
     from .serve_plan import launch_diff, launch_record
@@ -257,8 +311,9 @@ def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> 
                 + "\n  ".join(changed)
                 + f"\n  hint: `spark-cluster up {inventory} --restart` replaces it; `down` stops it")
         if serve.readiness(plan) is None:
-            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
-            events.emit("ready", reused=True, endpoint=plan.endpoint, model=plan.served_model_name)
+            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {shown.endpoint}: reused")
+            ui.forward_hint(shown)
+            events.emit("ready", reused=True, endpoint=shown.endpoint, model=plan.served_model_name)
             return
         # Started earlier (an `up` left with Ctrl-C): follow that start from its first line.
         ui.console.print(f"  vLLM of this cluster is still starting on {plan.head.node}: following it")
@@ -280,8 +335,11 @@ def _serve(fleet, plan, inv, timeout_s: float, stalled_after: float, events) -> 
             "`down` stops it") from None
     finally:
         signal.signal(signal.SIGINT, previous)
-    ui.ready_summary(plan, progress)
-    events.emit("ready", reused=False, endpoint=plan.endpoint, model=plan.served_model_name,
+    ui.ready_summary(shown, progress)
+    for finding in progress.state.findings:
+        ui.console.print(f"  [yellow]warning[/]: {finding}")
+    events.emit("ready", reused=False, findings=list(progress.state.findings), endpoint=shown.endpoint,
+                model=plan.served_model_name,
                 seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
                 loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
                 phases={k: round(v, 3) for k, v in progress.phase_times.items()})
@@ -370,27 +428,40 @@ def down(inventory: str) -> int:
 
 
 @cli.command()
-@click.option("--log", "log_file", required=True, metavar="FILE", help="A vLLM server log (stdout+stderr).")
+@click.option("--log", "log_file", metavar="FILE", help="A vLLM server log (stdout+stderr).")
+@click.option("--host-output", "host_file", metavar="FILE",
+              help="Outputs of nvidia-smi, dmesg, dpkg -l, ... pasted from one host (docs/diagnose.md).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable conclusion (docs/diagnose.md).")
-@click.option("--stalled-after", default=STALLED_AFTER_S, show_default=True, metavar="SECONDS",
-              help="A still-starting log that has not grown for this long is called dead (0: never).")
-def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
-    """Read a vLLM log: ready, failed or still loading; phase, shards, load time, cause.
+@click.option("--stalled-after", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Also call a still-starting log dead when the file has not grown for this long "
+                   f"(for a log that is being written now; {STALLED_AFTER_S:.0f} s is what `up` uses). "
+                   "Without it the log is judged on its lines alone.")
+def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled_after: float | None) -> int:
+    """Read a vLLM log (--log), or a host's pasted command outputs (--host-output).
 
-    Exit 0 for ready or loading, 1 for failed, 2 when the file cannot be read.
+    --log: ready, failed or still loading; phase, shards, load time, cause; exit 0 for ready or
+    loading, 1 for failed. A saved log is judged on its lines: its file's age says nothing about
+    the server. --host-output: the findings `check` would give on what the paste shows, and what
+    it does not show; exit 0 healthy, 1 a fault. Exit 2 when the file cannot be read.
     """
     from .diagnose import NEXT_STEP, diagnose_log
     from .errors import UsageError
 
+    if (log_file is None) == (host_file is None):
+        raise UsageError("diagnose needs one of --log FILE (a vLLM log) or --host-output FILE (pasted "
+                         "command outputs of one host)\n  hint: spark-cluster diagnose --host-output paste.txt")
+    if host_file is not None:
+        return _diagnose_host(Path(host_file), as_json)
+    assert log_file is not None
     path = Path(log_file)
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
-        idle = time.time() - path.stat().st_mtime if stalled_after > 0 else None
+        idle = time.time() - path.stat().st_mtime if stalled_after is not None else None
     except OSError as exc:
         raise UsageError(f"cannot read the log {path}: {exc.strerror or exc}\n"
                          f"  hint: pass the file vLLM writes to, e.g. `vllm serve ... 2>&1 | tee vllm.log`, "
                          f"then `spark-cluster diagnose --log vllm.log`") from exc
-    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or float("inf"))
+    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or STALLED_AFTER_S)
     if as_json:
         ui.console.out(json.dumps(data, indent=2))
     else:
@@ -401,12 +472,50 @@ def diagnose(log_file: str, as_json: bool, stalled_after: float) -> int:
                              ("shards", shards), ("load time", load), ("weights", gib),
                              ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
             ui.console.print(f"{label:>9}: {value}", markup=False)
-        if data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
+        if idle is not None and data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
             ui.console.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
                              f"so the server is taken for dead (inferred)", markup=False)
         if data["cause"]:
             ui.console.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
     return 1 if data["outcome"] == "failed" else 0
+
+
+def _diagnose_host(path: Path, as_json: bool) -> int:
+    from .errors import UsageError
+    from .host_paste import diagnose_host_output
+
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}\n"
+                         "  hint: save what the host printed (nvidia-smi, dmesg | grep NVRM, dpkg -l | grep nvidia, "
+                         "...) into a file and pass it") from exc
+    data = diagnose_host_output(text)
+    if not data["recognised"]:
+        raise UsageError(f"{path}: no output of a known command found (nvidia-smi, /proc/driver/nvidia/version, "
+                         "uname, lsmod, modinfo, modprobe, dpkg -l, dkms status, dmesg/journalctl -k, apt history, "
+                         "ibstat, rdma link, ibdev2netdev)\n  hint: paste the commands' output as the host printed it")
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+        return 0 if data["ok"] else 1
+    shown = ", ".join(s["command"] or s["tool"] for s in data["recognised"])
+    ui.console.print(f"recognised: {shown}", markup=False)
+    for f in data["findings"]:
+        ui.console.print(f"{f['severity']:>8} {f['id']}: {f['message']}", markup=False)
+        if f["evidence"]:
+            ui.console.print(f"          evidence: {f['evidence']}", markup=False)
+        fix_ = f["fix"] or {}
+        for command in fix_.get("commands") or []:
+            ui.console.print(f"          run: {command}", markup=False)
+        if fix_.get("note"):
+            ui.console.print(f"          fix: {fix_['note']}", markup=False)
+    if not data["findings"]:
+        ui.console.print("no fault in what the paste shows", markup=False)
+    if data["unknown"]:
+        ui.console.print("unknown (not in the paste):", markup=False)
+        for item in data["unknown"]:
+            ui.console.print(f"  - {item}", markup=False)
+    return 0 if data["ok"] else 1
 
 
 @cli.command()
@@ -471,8 +580,8 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     """
     from . import bench as sweep_
     from .errors import UsageError
-    from .recipes import load_recipe
-    from .serve import api_key, readiness, running
+    from .reach import reach
+    from .serve import running
     from .serve_plan import serve_plan
 
     try:
@@ -483,11 +592,20 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     plan = serve_plan(inv)
     # Asked over SSH first: a stopped cluster is said as such, and no request goes to an
     # endpoint that is not this cluster's.
-    with fleet_for(inv, only=inv.head.name) as fleet:
+    with fleet_for(inv, only=inv.head.name) as fleet, reach(plan, fleet) as reachable:
         if not running(fleet.node(plan.head.node), plan.head):
             raise SparkClusterError(f"vLLM of this cluster is not running on {plan.head.node}\n"
                                     f"  hint: spark-cluster up {inventory}")
-    problem = readiness(plan)  # also the warm-up request
+        return _bench(inventory, plan, reachable, levels, max_tokens, prompt, as_json)
+
+
+def _bench(inventory: str, plan, reachable, levels, max_tokens: int, prompt: str | None,  # noqa: ANN001 - ServePlan, ServePlan, list[int]
+           as_json: bool) -> int:
+    from . import bench as sweep_
+    from .recipes import load_recipe
+    from .serve import api_key, readiness
+
+    problem = readiness(reachable)  # also the warm-up request
     if problem is not None:
         raise SparkClusterError(f"vLLM at {plan.endpoint} does not serve yet: {problem}\n"
                                 f"  hint: `spark-cluster up {inventory}` follows its start")
@@ -495,7 +613,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     if not as_json:
         ui.console.print(f"bench {plan.served_model_name} at {plan.endpoint}: {max_tokens} tokens per request, "
                          f"concurrency {', '.join(map(str, levels))}")
-    done = sweep_.sweep(plan.endpoint, plan.served_model_name, api_key(plan), levels, max_tokens,
+    done = sweep_.sweep(reachable.endpoint, plan.served_model_name, api_key(plan), levels, max_tokens,
                         prompt or sweep_.PROMPT, on_level=(lambda _: None) if as_json else ui.bench_level)
     if as_json:
         ui.console.out(json.dumps({
@@ -517,22 +635,24 @@ def lab() -> None:
 @click.option("--nodes", "count", default=2, show_default=True, help="How many Sparks.")
 @click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the lab's inventory here.")
+@click.option("--engine", type=click.Choice(["real", "emulator"]), default="emulator", show_default=True,
+              help="The vLLM the inventory runs: the real vLLM CPU build, or the emulator.")
 @click.option("--reboot-seconds", type=click.FloatRange(0, 3600), default=None,
               help="How long a node stays down when it reboots (default 60: a Spark takes a "
                    "minute or more); changes a running lab's too.")
-def lab_up(count: int, inventory_out: Path | None, reboot_seconds: float | None) -> int:
+def lab_up(count: int, inventory_out: Path | None, engine: str, reboot_seconds: float | None) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     from .sim import lab as simlab
 
     started = time.monotonic()
-    lab_, created = simlab.up(count, inventory_out, reboot_s=reboot_seconds)
+    lab_, created = simlab.up(count, inventory_out, engine=engine, reboot_s=reboot_seconds)
     verb = "up" if created else "already up"
     ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:
         ui.console.print(f"  {node.name}  {node.address}  namespace {node.namespace}")
     ui.console.print(f"  key {lab_.identity}, known_hosts {lab_.known_hosts}")
     if inventory_out is not None:
-        ui.console.print(f"  inventory written to {inventory_out}")
+        ui.console.print(f"  inventory written to {inventory_out} (engine: {engine})")
     return 0
 
 

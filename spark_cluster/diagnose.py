@@ -10,7 +10,7 @@ from .progress import Tracker
 STALLED_AFTER_S = 1800.0
 
 FIELDS = ("outcome", "phase", "shards_loaded", "shards_total", "load_seconds", "weights_gib",
-          "cause", "evidence")
+          "cause", "evidence", "findings")
 
 
 def diagnose_log(text: str, idle_seconds: float | None = None,
@@ -37,6 +37,7 @@ def diagnose_log(text: str, idle_seconds: float | None = None,
         "weights_gib": list(state.weights_gib),
         "cause": cause,
         "evidence": evidence,
+        "findings": list(state.findings),
     }
 
 

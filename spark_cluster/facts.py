@@ -134,15 +134,12 @@ class NodeFacts:
 
     @property
     def userspace_driver(self) -> str | None:
-        """The driver version of nvidia-smi/NVML, from the installed packages."""
-        for name in ("nvidia-utils-580", "libnvidia-compute-580"):
-            pkg = self.packages.get(name)
-            if pkg and pkg.installed:
-                return pkg.version.split("-")[0]
-        for name, pkg in sorted(self.packages.items()):
-            if pkg.installed and re.fullmatch(r"nvidia-utils-\d+(-server)?", name):
-                return pkg.version.split("-")[0]
-        return None
+        """The driver version of nvidia-smi/NVML, from the installed packages (Ubuntu's, Debian's
+        or Fedora's names)."""
+        from .parsers.driver_info import userspace_version
+
+        found = userspace_version((p.name, p.version, p.installed) for p in self.packages.values())
+        return found[1] if found else None
 
     @property
     def driver_branch(self) -> str:

@@ -78,6 +78,21 @@ def model_dir(hf_cache: str, repo: str) -> str:
     return remote_path(f"{hf_cache.rstrip('/')}/hub/models--{repo.replace('/', '--')}")
 
 
+def model_repo(inventory: Inventory) -> str | None:
+    """The Hugging Face repo the inventory serves: its recipe's, or the one it names."""
+    model = inventory.model
+    if model is None:
+        return None
+    if model.recipe:
+        from .recipes import RecipeError, load_recipe
+
+        try:
+            return load_recipe(model.recipe).model
+        except RecipeError:
+            return None  # said by `up` and the plan; the checks only lack the model
+    return model.name
+
+
 def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
     q = shlex.quote
     patterns = " ".join(q(p) for p in DPKG_PATTERNS)
@@ -107,6 +122,9 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
         Probe("secure_boot", "mokutil --sb-state"),
         Probe("reboot_required", "cat /var/run/reboot-required"),
     ]
+    from .host_probes import COMMANDS
+
+    probes += [Probe(name, command) for name, command in COMMANDS.items()]
     # Processes of this cluster's own Ray and vLLM sessions, and of its container (where
     # `docker exec` puts vLLM outside our session): not "another model server".
     state = remote_path(f"~/.cache/spark-cluster/{inventory.cluster.name}")
@@ -126,26 +144,28 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
         "disk",
         f"p={remote_path(hf_cache)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done;"
         " df -B1 --output=avail,size,target -- \"$p\""))
-    if model is not None and model.name:
+    repo = model_repo(inventory)
+    if repo:  # a recipe's checkpoint too: with HF_HUB_OFFLINE=1 a node without it fails after Ray is up
         probes.append(Probe(
             "model_files",
-            f"find -L {model_dir(hf_cache, model.name)}/snapshots -type f -printf '%P\\t%s\\n'"))
+            f"find -L {model_dir(hf_cache, repo)}/snapshots -type f -printf '%P\\t%s\\n'"))
     cluster = inventory.cluster
+    # Versions from package metadata: importing ray would cost a second per node.
+    versions = q("import importlib.metadata as m, sys\n"
+                 "print(sys.version.split()[0])\n"
+                 "for d in ('ray', 'vllm', 'torch'):\n"
+                 "    try: print(d, m.version(d))\n"
+                 "    except m.PackageNotFoundError: print(d, '-')")
     if cluster.runtime == "container":
         probes.append(Probe("docker", "docker info --format '{{.ServerVersion}}'"))
         if cluster.image:
             probes.append(Probe("image", f"docker image inspect --format '{{{{.Id}}}}' {q(cluster.image)}"))
+            # The vLLM inside the image picks the recipe's spelling; --pull never: check pulls nothing.
+            probes.append(Probe("python", f"docker run --rm --pull never --entrypoint python3 {q(cluster.image)} "
+                                          f"-c {versions}", timeout=60))
     else:
         python = remote_path(cluster.python) if cluster.python else "python3"
-        # Versions from package metadata: importing ray would cost a second per node.
-        probes.append(Probe(
-            "python",
-            f"{python} -c " + q(
-                "import importlib.metadata as m, sys\n"
-                "print(sys.version.split()[0])\n"
-                "for d in ('ray', 'vllm', 'torch'):\n"
-                "    try: print(d, m.version(d))\n"
-                "    except m.PackageNotFoundError: print(d, '-')")))
+        probes.append(Probe("python", f"{python} -c {versions}"))
     for r, rail in enumerate(node.link.rails):
         size = node.link.mtu - 28  # the largest ICMP payload an MTU carries unfragmented
         for peer in inventory.nodes:

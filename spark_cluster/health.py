@@ -103,13 +103,23 @@ def collect_status(inventory, fleet, previous: dict | None = None) -> dict[str, 
     from .ray_cluster import query_state
 
     plan = None
-    first: tuple[float, dict[str, float] | None] | None = None
     if inventory.model is not None:
+        from .reach import reach
         from .serve_plan import serve_plan
 
         plan = serve_plan(inventory)
-        if previous is None:
-            first = (time.monotonic(), _metrics(plan))
+        with reach(plan, fleet) as api:
+            return _collect(inventory, fleet, previous, plan, api)
+    return _collect(inventory, fleet, previous, None, None)
+
+
+def _collect(inventory, fleet, previous, plan, api) -> dict[str, object]:  # noqa: ANN001 - Inventory, Fleet, dict, ServePlan, ServePlan
+    """`api`: the plan with an endpoint this machine reaches (a forward to a loopback API)."""
+    from .ray_cluster import query_state
+
+    first: tuple[float, dict[str, float] | None] | None = None
+    if plan is not None and previous is None:
+        first = (time.monotonic(), _metrics(api))
 
     def node_status(node) -> dict[str, object]:  # noqa: ANN001 - Node
         spec = inventory.node(node.name)
@@ -141,7 +151,8 @@ def collect_status(inventory, fleet, previous: dict | None = None) -> dict[str, 
         if first is not None and first[1]:
             time.sleep(max(0.0, RATE_WINDOW_S - (time.monotonic() - first[0])))
         sampled = time.monotonic()  # vllm_health reads /metrics first
-        vllm = vllm_health(plan)
+        vllm = vllm_health(api)
+        vllm["endpoint"] = plan.endpoint
         if first is not None and first[1]:
             vllm["throughput"] = throughput(first[1], vllm["metrics"], sampled - first[0])
         elif previous and (previous.get("vllm") or {}).get("metrics"):
@@ -154,6 +165,11 @@ def collect_status(inventory, fleet, previous: dict | None = None) -> dict[str, 
         started = head_ok and fleet.node(inventory.head.name).run(
             f"test -f {remote_path(plan.head.log_path.rsplit('/', 1)[0])}/vllm.pid", timeout=15).ok
         vllm["started"] = bool(started or vllm["health"])
+        vllm["failure"] = None
+        if vllm["started"] and not vllm["healthy"]:
+            from .serve import stopped_failure
+
+            vllm["failure"] = stopped_failure(fleet, plan)
         data["vllm"] = vllm
         if vllm["started"]:
             data["healthy"] = healthy and vllm["healthy"]

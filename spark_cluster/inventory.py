@@ -49,6 +49,13 @@ class Problem:
         return f"{where}: {self.message}" + (f" (hint: {self.hint})" if self.hint else "")
 
 
+class UnknownNode(UsageError, KeyError):
+    """A node name that the inventory does not list; the message names the ones it does."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
 class InventoryError(UsageError):
     """The inventory could not be loaded; ``problems`` lists every reason, in file order."""
 
@@ -136,6 +143,15 @@ class ModelSpec:
     # The NAME of a variable in the environment of whoever runs spark-cluster that holds the
     # API key; the key itself never appears in an inventory.
     api_key_env: str | None = None
+    # Where vLLM's API listens on the head: loopback (reached through SSH), link (the QSFP
+    # address), lan (every interface). None: lan with an API key, loopback without one.
+    listen: str | None = None
+    # lan without an API key is an open LLM endpoint: only when the user says so.
+    open_without_key: bool = False
+
+    @property
+    def listens_on(self) -> str:
+        return self.listen or ("lan" if self.api_key_env else "loopback")
 
 
 @dataclass(frozen=True)
@@ -156,12 +172,13 @@ class Inventory:
         return tuple(n for n in self.nodes if not n.is_head)
 
     def node(self, name: str) -> NodeSpec:
-        """The node called ``name``; KeyError naming the known nodes if there is none."""
+        """The node called ``name``; UnknownNode (a KeyError) naming the known nodes if there is none."""
         for n in self.nodes:
             if n.name == name:
                 return n
         known = ", ".join(n.name for n in self.nodes)
-        raise KeyError(f"no node named {name!r} in {self.path} (nodes: {known})")
+        raise UnknownNode(f"{self.path}: no node named {name[:80]!r} (nodes: {known})\n"
+                          f"  hint: pass --node with one of {known}")
 
 
 def load_inventory(path: str | Path) -> Inventory:
@@ -271,6 +288,7 @@ _FLAG = _rule(
 )
 _RAIL_ADDRESS = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}/[0-9]{1,2}")
 
+LISTEN_CHOICES = ("loopback", "link", "lan")
 _IMAGE_HINT = "set image: nvcr.io/nvidia/vllm:<tag>, or runtime: host"
 
 
@@ -557,8 +575,16 @@ def _parse_model(c: Checker, value: object, path: YamlPath) -> ModelSpec | None:
         "args": (lambda v, p: _parse_args(c, v, p), ()),
         "hf_cache": (lambda v, p: c.text(v, p, _REMOTE_PATH), "~/.cache/huggingface"),
         "api_key_env": (lambda v, p: _env_name(c, v, p), None),
+        "listen": (lambda v, p: c.choice(v, p, LISTEN_CHOICES), None),
+        "open_without_key": (lambda v, p: _flag(c, v, p), False),
     }
     f = c.fill(value, path, fields)
+    if f is not None and f["listen"] == "lan" and f["api_key_env"] is None and not f["open_without_key"]:
+        c.report(path + ("listen",), "model.listen: lan without model.api_key_env serves the model to anyone "
+                 "on the head's network, unauthenticated",
+                 "name the variable that holds a key in api_key_env, or write open_without_key: true "
+                 "to accept an open endpoint, or use listen: loopback")
+        return None
     given = [key for key in ("recipe", "name") if _given(value, key) is not None]
     if isinstance(value, dict) and len(given) != 1:
         says = "sets both recipe and name" if given else "needs a recipe or a name"
@@ -596,7 +622,10 @@ def _flag_words(c: Checker, key: str, value: object, path: YamlPath) -> list[str
     flag = _key(c, key, path[:-1], _FLAG)
     flag = flag if flag is None or flag.startswith("-") else "--" + flag
     if value is True or value is False:
-        return [flag] if value else []  # a boolean switch: present or left out
+        if value or flag is None:
+            return [flag]
+        # Off is said out loud: vLLM's switches take --no-x, which also removes a recipe's --x.
+        return ["--" + flag[len("--no-"):] if flag.startswith("--no-") else "--no-" + flag[2:]]
     if value is None:
         c.report(path, f"flag {key!r} has no value", "write true to pass the flag alone, or false to leave it out")
         return []

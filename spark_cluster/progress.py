@@ -40,13 +40,15 @@ _MODEL_LOADED = re.compile(
     r"Model loading took ([\d.]+) Gi?B(?: memory)?(?: and ([\d.]+) seconds)?")
 _OLD_WEIGHTS = re.compile(r"Loading model weights took ([\d.]+) Gi?B")
 _WEIGHTS_TOOK = re.compile(r"Loading weights took ([\d.]+) seconds")
+# A variable the running vLLM does not read (removed or misspelt): the choice it made is lost.
+_UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (\w+)")
 _PG_WAIT = re.compile(r"Waiting for creating a placement group of specs for (\d+) seconds")
 
 # Failure patterns: (cause, regex). Searched in order; the specific causes come first.
 _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cause, re.compile(rx)) for cause, rx in (
     ("placement-group", r"Cannot provide a placement group|Current node has no GPU available"
                         r"|Every node should have a unique IP address"),
-    ("kv-cache-memory", r"No available memory for the cache blocks"
+    ("kv-cache-memory", r"No available memory for the cache blocks|Available KV cache memory: -\d"
                         r"|KV cache is needed, which is larger than the available KV cache memory"),
     # `CUDA driver error` is how custom ops (e.g. gptq_marlin_repack while loading) report it.
     ("oom", r"CUDA out of memory|OutOfMemoryError|Failed to load model - not enough GPU memory"
@@ -66,9 +68,15 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cause, re.compile(rx
                     r"|EngineCore encountered a fatal error|died unexpectedly|EngineDeadError|ActorDiedError"
                     r"|The actor is dead because"  # Ray's reason under ActorDiedError; a log tail may keep only it
                     r"|Application startup failed|Timed out waiting for engine core processes"
-                    r"|WorkerProc failed to start|AsyncLLM output_handler failed"),
+                    r"|WorkerProc failed to start|AsyncLLM output_handler failed"
+                    # A rank killed by a signal: Python's faulthandler, absl's handler (Ray's C++
+                    # processes), torch.distributed's elastic agent. Often the last line there is.
+                    r"|^Fatal Python error: (?:Segmentation fault|Aborted|Bus error|Floating point exception"
+                    r"|Illegal instruction)|\*\*\* SIG[A-Z]+ received at time"
+                    r"|Signal \d+ \(SIG[A-Z]+\) received by PID|(?:killed|terminated) by signal SIG[A-Z]+"),
     ("other", r"^Traceback \(most recent call last\)|^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): \S"),
 ))
+_NEGATIVE_KV = re.compile(r"Available KV cache memory: -\d")
 _RAISED = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): ")
 _RANK = {"other": 1, "engine-died": 2}  # every other cause: 3 (it names the root)
 
@@ -93,13 +101,18 @@ _MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((phase, re.compile(rx)
                     r"|Resolved architecture:|^\s*version\s+\d+\.\d+"),
 ))
 _NEW_RUN = re.compile(r"non-default args:|args: Namespace\(|vLLM API server version")
+# Lines that name a phase only to say it will not run: `--enforce-eager`'s warning ("Enforce eager
+# set, disabling torch.compile, CUDAGraphs, …", printed while the arguments are processed, long
+# before the weights) is no compile phase.
+_SHUTDOWN = re.compile(r"\[shutdown\] (?:API server: shutdown triggered|EngineCore: trigger received signal)")
+_SKIPPED_PHASE = re.compile(r"Enforce eager set|disabling torch\.compile|compilation was disabled")
 
 
 @dataclass(frozen=True)
 class Event:
     """One recognised line. `kind`: phase | progress | loaded | pg-wait | failure."""
 
-    kind: str
+    kind: str  # also "unknown-env": a variable vLLM ignored (its name in `message`)
     phase: str | None
     line: str                      # the line as printed, ANSI and carriage returns removed
     message: str                   # the line without process prefixes and logger header
@@ -122,6 +135,8 @@ class State:
     evidence: str | None = None
     last_line: str | None = None   # the last recognised line (what a stalled log stopped at)
     last_kind: str | None = None
+    # Findings that do not stop the start, one line each (a VLLM_* variable vLLM ignored).
+    findings: list[str] = field(default_factory=list)
 
 
 def clean(line: str) -> str:
@@ -160,10 +175,13 @@ def parse_line(line: str) -> Event | None:
     message = _REPEATED.sub("", _HEADER.sub("", body))
     quiet = bool(_QUIET_LEVEL.match(body))
 
+    unknown = _UNKNOWN_ENV.search(message)
+    if unknown:
+        return Event("unknown-env", None, shown, unknown[1])
     bar = _BAR.search(message)
     if bar:
         return Event("progress", "weights", shown, message, n=int(bar["n"]), total=int(bar["total"]))
-    if not quiet:
+    if not quiet or _NEGATIVE_KV.search(message):  # vLLM logs the negative budget at INFO
         for cause, pattern in _FAILURES:
             if pattern.search(message):
                 return Event("failure", None, shown, message, cause=cause)
@@ -180,6 +198,8 @@ def parse_line(line: str) -> Event | None:
     took = _WEIGHTS_TOOK.search(message)
     if took:
         return Event("weights-took", "weights", shown, message, seconds=float(took[1]))
+    if _SKIPPED_PHASE.search(message):
+        return None
     for phase, pattern in _MARKERS:
         if pattern.search(message):
             return Event("phase", phase, shown, message)
@@ -198,6 +218,7 @@ class Tracker:
         self._cause_rank = 0
         self._evidence_raised = False   # the evidence is the exception line itself, not source code
         self._first_raised: str | None = None  # the first exception line of the failure: its root
+        self._stopping = False          # a ready server began an orderly shutdown (vLLM's `[shutdown]` lines)
 
     def feed(self, text: str) -> list[Event]:
         """Every line of `text`, each `\\r`-separated update read in turn. Returns the new events."""
@@ -210,6 +231,8 @@ class Tracker:
             else:
                 pieces = [stripped]
             for piece in pieces:
+                if self.state.outcome == "ready" and _SHUTDOWN.search(piece):
+                    self._stopping = True
                 event = parse_line(piece)
                 if event is not None:
                     self._apply(event)
@@ -222,7 +245,15 @@ class Tracker:
             self.__init__()  # a restart in the same file: the new run is what counts
             state = self.state
         self.events.append(event)
+        if event.kind == "unknown-env":
+            finding = (f"vLLM does not read {event.message}: it ignored it and chose by itself; "
+                       "use the spelling of the installed vLLM (recipes name it per version)")
+            if finding not in state.findings:
+                state.findings.append(finding)
+            return
         state.last_line, state.last_kind = event.line, event.kind
+        if event.kind == "failure" and self._stopping:
+            return  # what an orderly stop tears down (0.32 logs "AsyncLLM output_handler failed") is no failure
         if event.kind == "failure":
             rank = _RANK.get(event.cause or "", 3)
             raised = bool(_RAISED.match(event.message))

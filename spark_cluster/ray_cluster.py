@@ -30,6 +30,7 @@ from .ray_plan import (
     state_dir,
 )
 from .remote import Fleet, Node
+from .secrets import REDACTED, container_file_lines, exports, is_secret, stdin_lines
 from .serve_plan import API_PORT
 from .session import record_session, session_of, stop_session_command
 
@@ -116,10 +117,13 @@ _EACH_FILE = '"$f"'
 
 
 def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
+    """Secrets are read from stdin and exported first (`secrets.exports`): Ray inherits them,
+    and no command line holds their values."""
     d = _dir(inventory)
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in node_plan.env.items())
-    carry = shlex.quote(non_carry_over_file())
+    carry = shlex.quote(non_carry_over_file(sorted(node_plan.secrets)))
     return (
+        f"{exports(list(node_plan.secrets))}"
         f"set -e; d={d}; mkdir -p \"$d\" \"$HOME/.config/vllm\"; "
         f"printf '%s\\n' {carry} > \"$HOME/.config/vllm/ray_non_carry_over_env_vars.json\"; "
         f"cd \"$d\"; setsid nohup env {env} {node_plan.start} > \"$d/ray.log\" 2>&1 < /dev/null & "
@@ -198,7 +202,8 @@ def _read_config(inventory: Inventory, head: Node) -> dict[str, object] | None:
 
 
 def _describe(plans: list[RayNodePlan]) -> dict[str, object]:
-    return {p.node: {"start": p.start, "env": dict(p.env)} for p in plans}
+    """What ray.json records of each node: public variables with values, secrets by name only."""
+    return {p.node: {"start": p.start, "env": dict(p.env), "secrets": sorted(p.secrets)} for p in plans}
 
 
 def config_diff(old: dict[str, object], new: dict[str, object]) -> list[str]:
@@ -215,16 +220,26 @@ def config_diff(old: dict[str, object], new: dict[str, object]) -> list[str]:
             lines.append(f"{name}: ray start: `{a['start']}` -> `{b['start']}`")
         for key in sorted(set(a["env"]) | set(b["env"])):
             if a["env"].get(key) != b["env"].get(key):
-                lines.append(f"{name}: {key}: {a['env'].get(key)} -> {b['env'].get(key)}")
-    return lines or ["the runtime or image"]
+                old_value, new_value = a["env"].get(key), b["env"].get(key)
+                if is_secret(key):  # a record written before secrets left ray.json
+                    old_value, new_value = (REDACTED if v is not None else None for v in (old_value, new_value))
+                lines.append(f"{name}: {key}: {old_value} -> {new_value}")
+        if sorted(a.get("secrets", [])) != sorted(b.get("secrets", [])):
+            lines.append(f"{name}: secret variables: {', '.join(a.get('secrets', [])) or 'none'} -> "
+                         f"{', '.join(b.get('secrets', [])) or 'none'}")
+    return lines or ["the runtime, the image or the value of a secret variable"]
 
 
 def _start(inventory: Inventory, node: Node, node_plan: RayNodePlan) -> None:
     if inventory.cluster.runtime == "container":
         node.run(_stop_container(inventory), timeout=60)
+        if node_plan.secrets:  # the file the container sources and removes (ray_plan.docker_run)
+            node.run(f"umask 077 && mkdir -p {_dir(inventory)} && cat > {_dir(inventory)}/secrets.env",
+                     timeout=30, stdin=container_file_lines(node_plan.secrets)).check()
         result = node.run(f"{prepare_container(inventory)} && {docker_run(inventory, node_plan)}", timeout=120)
     else:
-        result = node.run(_start_host(inventory, node_plan), timeout=60)
+        result = node.run(_start_host(inventory, node_plan), timeout=60,
+                          stdin=stdin_lines(node_plan.secrets) if node_plan.secrets else None)
     if not result.ok:
         raise RayError(f"{node.name}: Ray did not start: {result.tail('stderr', 5) or result.tail('stdout', 5)}")
 
@@ -295,20 +310,25 @@ def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
                 f"{p.node}: Ray processes not started by spark-cluster run there (pids "
                 f"{' '.join(map(str, foreign))}); they hold Ray's ports\n  hint: stop them "
                 "(`ray stop` on that node, if nothing else there uses Ray), then run `up` again")
-    head_plan = next(p for p in to_start if p.is_head) if any(p.is_head for p in to_start) else None
-    if head_plan is not None:
-        progress(f"starting the Ray head on {head_plan.node} ({head_plan.address})", None)
-        _start(inventory, head, head_plan)
-        _wait(inventory, head, lambda s: s.alive(head_plan.address), deadline_s, progress,
-              fleet, [head_plan])
-    workers = [p for p in to_start if not p.is_head]
-    if workers:
-        progress(f"joining {', '.join(p.node for p in workers)}", None)
-        errors = Fleet([fleet.node(p.node) for p in workers]).map(
-            lambda n: _start(inventory, n, next(p for p in workers if p.node == n.name))).failed
-        for name, error in errors.items():
-            raise RayError(f"{name}: {error}")
-    state = _wait(inventory, head, lambda s: s.healthy(inventory), deadline_s, progress, fleet, to_start)
+    try:
+        head_plan = next(p for p in to_start if p.is_head) if any(p.is_head for p in to_start) else None
+        if head_plan is not None:
+            progress(f"starting the Ray head on {head_plan.node} ({head_plan.address})", None)
+            _start(inventory, head, head_plan)
+            _wait(inventory, head, lambda s: s.alive(head_plan.address), deadline_s, progress,
+                  fleet, [head_plan])
+        workers = [p for p in to_start if not p.is_head]
+        if workers:
+            progress(f"joining {', '.join(p.node for p in workers)}", None)
+            errors = Fleet([fleet.node(p.node) for p in workers]).map(
+                lambda n: _start(inventory, n, next(p for p in workers if p.node == n.name))).failed
+            for name, error in errors.items():
+                raise RayError(f"{name}: {error}")
+        state = _wait(inventory, head, lambda s: s.healthy(inventory), deadline_s, progress, fleet, to_start)
+    finally:
+        if inventory.cluster.runtime == "container" and any(p.secrets for p in to_start):
+            # The container removes it as it starts; one that never started must not leave it.
+            Fleet([fleet.node(p.node) for p in to_start]).run(f"rm -f {_dir(inventory)}/secrets.env", timeout=20)
     # The record a later `up` compares with: the directory is only made by a host start.
     head.run(f"mkdir -p {_dir(inventory)} && printf '%s\\n' {shlex.quote(json.dumps(wanted))} "
              f"> {_dir(inventory)}/ray.json", timeout=20).check()

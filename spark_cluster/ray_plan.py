@@ -12,10 +12,12 @@ import hashlib
 import json
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .facts_probe import remote_path
 from .inventory import Inventory, NodeSpec
+from .secrets import FILE_VAR, source_and_remove, split
 
 # Variables whose value differs per node: a worker must keep its own.
 PER_NODE_VARS = (
@@ -88,8 +90,10 @@ class RayNodePlan:
     node: str
     is_head: bool
     address: str  # the link address Ray binds to
-    env: Mapping[str, str]
+    env: Mapping[str, str]  # the public variables only: these are shown, recorded and compared
     start: str  # the command that runs Ray in the foreground on the node (`ray start --block`)
+    # Secret variables (secrets.is_secret) with their values: sent over stdin, never in argv.
+    secrets: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False, repr=False)
 
 
 def ray_start_args(inventory: Inventory, spec: NodeSpec) -> list[str]:
@@ -119,7 +123,8 @@ def plan_node(inventory: Inventory, spec: NodeSpec) -> RayNodePlan:
                  + shlex.join(args))
     else:
         start = shlex.join(args)
-    return RayNodePlan(spec.name, spec.is_head, str(spec.link_address), node_env(inventory, spec), start)
+    public, secret = split(node_env(inventory, spec))
+    return RayNodePlan(spec.name, spec.is_head, str(spec.link_address), public, start, MappingProxyType(secret))
 
 
 def plan(inventory: Inventory) -> list[RayNodePlan]:
@@ -142,34 +147,45 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
     for key, value in {**node_plan.env, **CONTAINER_CACHE_ENV}.items():
         args += ["-e", f"{key}={value}"]
     words = " ".join(shlex.quote(a) for a in args)
-    mounts = [f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"]
+    mount = f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"
     # Compile caches live on the node, so a restarted container reuses them instead of compiling again.
-    mounts += [f"-v {remote_path(node)}:{inside}" for node, inside in CONTAINER_CACHES]
-    carry = remote_path(f"{state_dir(cluster.name)}/{NON_CARRY_OVER}")
-    mounts.append(f"-v {carry}:/root/.config/vllm/{NON_CARRY_OVER}:ro")
-    return (f"{words} {' '.join(mounts)} {shlex.quote(cluster.image or '')} "
-            f"-c {shlex.quote(node_plan.start)}")
+    mount += "".join(f" -v {remote_path(node)}:{inside}" for node, inside in CONTAINER_CACHES)
+    # In the container's own home: where the vLLM that `docker exec` starts there looks.
+    start = write_non_carry_over(sorted(node_plan.secrets)) + node_plan.start
+    if node_plan.secrets:
+        # Not `-e K=V` (argv, and `docker inspect`): a 0600 file the container sources and removes.
+        state = remote_path(state_dir(cluster.name))
+        mount += f" -v {state}:{state} -e {FILE_VAR}={state}/secrets.env"
+        start = source_and_remove() + start
+    return f"{words} {mount} {shlex.quote(cluster.image or '')} -c {shlex.quote(start)}"
 
 
-NON_CARRY_OVER = "ray_non_carry_over_env_vars.json"
 CONTAINER_CACHES = (("~/.cache/vllm", "/root/.cache/vllm"), ("~/.cache/torch", "/root/.cache/torch"))
 CONTAINER_CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "/root/.cache/torch/inductor",
                        "TRITON_CACHE_DIR": "/root/.cache/torch/triton"}
 
 
 def prepare_container(inventory: Inventory) -> str:
-    """Shell run on the node before `docker_run`: the node-side caches exist (owned by the login
-    user, not created by the daemon as root) and the non-carry-over list is written where
-    the container mounts it."""
-    d = remote_path(state_dir(inventory.cluster.name))
-    dirs = " ".join(remote_path(node) for node, _ in CONTAINER_CACHES)
-    return (f"mkdir -p {d} {dirs} && printf '%s\\n' {shlex.quote(non_carry_over_file())} "
-            f"> {d}/{NON_CARRY_OVER}")
+    """Shell run on the node before `docker_run`: the node-side caches exist, owned by the login
+    user (not made by the daemon, as root, on first mount)."""
+    return "mkdir -p " + " ".join(remote_path(node) for node, _ in CONTAINER_CACHES)
 
 
-def non_carry_over_file() -> str:
-    """vLLM reads this list on every node and keeps those variables node-local."""
-    return json.dumps(sorted(PER_NODE_VARS))
+# Never copied from vLLM's driver into Ray's task specs (Ray logs and stores those): each Ray node
+# has the secrets in its own environment already, from its start.
+SECRET_VARS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def non_carry_over_file(secrets: tuple[str, ...] | list[str] = ()) -> str:
+    """vLLM reads this list on every node and does not copy these variables to its Ray workers:
+    the per-node ones stay node-local, the secrets stay out of Ray's task specs and logs."""
+    return json.dumps(sorted({*PER_NODE_VARS, *SECRET_VARS, *secrets}))
+
+
+def write_non_carry_over(secrets: tuple[str, ...] | list[str] = ()) -> str:
+    """Shell that writes the list where vLLM reads it (VLLM_CONFIG_ROOT, ~/.config/vllm by default)."""
+    return ('mkdir -p "$HOME/.config/vllm" && printf \'%s\\n\' '
+            f'{shlex.quote(non_carry_over_file(secrets))} > "$HOME/.config/vllm/ray_non_carry_over_env_vars.json"; ')
 
 
 def config_digest(inventory: Inventory) -> str:
@@ -179,7 +195,9 @@ def config_digest(inventory: Inventory) -> str:
         "image": inventory.cluster.image,
         "python": inventory.cluster.python,
         "port": inventory.cluster.ray_port,
-        "nodes": [(p.node, p.is_head, p.address, p.start, sorted(p.env.items())) for p in plan(inventory)],
+        "nodes": [(p.node, p.is_head, p.address, p.start, sorted(p.env.items()),
+                   sorted((k, hashlib.sha256(v.encode()).hexdigest()) for k, v in p.secrets.items()))
+                  for p in plan(inventory)],
     }
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from .errors import CommandTimeout, SparkClusterError
+from .errors import CommandTimeout, ConnectError, SparkClusterError
 from .ssh_connect import open_connection
 
 T = TypeVar("T")
@@ -234,6 +234,7 @@ class SSHNode(_Runner):
     def _execute(self, line: str, sudo: bool, timeout: float | None,
                  stdin: str | None = None) -> tuple[str, str, int]:
         from invoke.exceptions import CommandTimedOut
+        from paramiko.ssh_exception import SSHException
 
         connection = self.connect()
         password = self._sudo_password if sudo else None
@@ -246,6 +247,12 @@ class SSHNode(_Runner):
                                  **options)
         except CommandTimedOut:
             raise TimeoutError from None
+        except (EOFError, OSError, SSHException) as exc:
+            # The connection dropped under a running command (a reboot, a cable): the next
+            # call opens a new one; this one says which node and what to do.
+            self.close()
+            raise ConnectError(self.name, f"the SSH connection dropped: {exc or type(exc).__name__}",
+                               f"check that {self.host} is up and reachable, then run the command again") from None
         if sudo:
             sudo_refused(self.name, self.user, raw.exited, raw.stderr)
         return raw.stdout, raw.stderr, raw.exited

@@ -23,10 +23,13 @@ from .errors import SparkClusterError
 from .facts_probe import remote_path
 from .progress import PHASES, Event, State, Tracker, parse_line, track
 from .remote import Fleet, Node
+from .secrets import exports, stdin_lines
 from .serve_plan import NodeCommand, ServePlan, launch_record
 from .session import record_session, session_of, stop_session_command
 
-_IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)\)")  # Ray's prefix of a remote actor's line
+# Ray's prefix of a remote actor's line, or the header of a RayTaskError (which names every rank's ip:
+# `ray::RayWorkerProc.load_model() (pid=N, ip=X, actor_id=…)`, how vLLM 0.33's driver learns of a rank's error).
+_IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)[,)]")
 _ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\-]+)?\)")  # any rank's line
 
 POLL_S = 1.0
@@ -97,7 +100,7 @@ def start_command(command: NodeCommand) -> str:
     """
     d, log = _dir(command), _log(command)
     line = command.shell(redact=False, exported=True)
-    secrets = "".join(f"IFS= read -r {name} && export {name} && " for name in command.secrets)
+    secrets = exports([*command.secrets, *command.secret_env_names])
     if command.container is None:
         run = f"setsid nohup env {line}"
     else:  # the client stays on the node, so the log stays on the node's disk
@@ -107,8 +110,9 @@ def start_command(command: NodeCommand) -> str:
 
 
 def secret_values(command: NodeCommand) -> str | None:
-    """The stdin that `start_command` reads: each secret's value from this machine's environment."""
-    if not command.secrets:
+    """The stdin that `start_command` reads: each secret's value from this machine's environment,
+    then the inventory's secret variables (HF_TOKEN, ...)."""
+    if not command.secrets and not command.secret_env_names:
         return None
     lines = []
     for local in command.secrets.values():
@@ -119,6 +123,10 @@ def secret_values(command: NodeCommand) -> str | None:
         if "\n" in value or "\r" in value:
             raise ServeError(f"the value of {local} holds a line break; an API key is one line")
         lines.append(value + "\n")
+    try:
+        lines.append(stdin_lines({k: command.env[k] for k in command.secret_env_names}))
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     return "".join(lines)
 
 
@@ -420,7 +428,7 @@ def _note(progress: Progress, event: Event, head: str, nodes_by_ip: dict[str, st
 
 
 def node_of(line: str, nodes_by_ip: dict[str, str] | None) -> str | None:
-    """The node a Ray-forwarded line came from: `(RayWorkerWrapper pid=…, ip=X)`."""
+    """The node a Ray-forwarded line came from: `(RayWorkerProc pid=…, ip=X)`, or a RayTaskError's header."""
     match = _IP.search(line)
     return (nodes_by_ip or {}).get(match[1], match[1]) if match else None
 
@@ -438,6 +446,23 @@ def _raise_worker_failure(fleet: Fleet, plan: ServePlan) -> None:
         state = track(text)
         if state.outcome == "failed":
             raise _diagnosis(plan, state, command.node, command.log_path)
+
+
+def stopped_failure(fleet: Fleet, plan: ServePlan, lines: int = 400) -> dict | None:
+    """Why a started vLLM no longer serves, from the logs: the node whose log failed first in
+    launch order (a worker of mp before the head, whose log only says its peer vanished), its
+    cause and evidence line; None when no log shows a failure."""
+    ordered = [c for c in plan.commands if not c.is_head] + [c for c in plan.commands if c.is_head]
+    for command in ordered:
+        try:
+            text = fleet.node(command.node).run(f"tail -n {lines} {_log(command)}", timeout=30).stdout
+        except SparkClusterError:
+            continue
+        state = track(text)
+        if state.outcome == "failed":
+            return {"node": command.node, "cause": state.cause or "other",
+                    "evidence": state.evidence or state.last_line, "log": command.log_path}
+    return None
 
 
 def _settle(head: Node, log: str, lines_done: int, deadline_s: float = 5.0) -> str:

@@ -28,6 +28,7 @@ from .facts_probe import remote_path
 from .inventory import Inventory, NodeSpec
 from .ray_plan import container_name, node_env, plan_mp, state_dir, worker_only_env
 from .recipes import Recipe, load_recipe
+from .secrets import REDACTED, is_secret
 
 __all__ = ["API_PORT", "NodeCommand", "ServePlan", "ServePlanError", "merge_args", "parse_argv", "serve_plan"]
 
@@ -35,7 +36,6 @@ API_PORT = 8000
 API_KEY_VAR = "VLLM_API_KEY"  # vLLM's own: its API server takes the key from here as from --api-key
 CONTAINER_HF_HOME = "/root/.cache/huggingface"  # where ray_plan.docker_run mounts the node's HF cache
 VLLM_MODULE = "vllm.entrypoints.cli.main"  # the `vllm` console script, for `python -m` on hosts
-REDACTED = "<redacted>"
 
 # Short spellings vLLM accepts, written out so an override meets the recipe's flag.
 _ALIASES = {
@@ -46,7 +46,6 @@ _ALIASES = {
 _MANAGED = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless", "--model"}
 # Flags whose value is a secret: never written in an inventory.
 _SECRET_FLAGS = {"--api-key", "--hf-token"}
-_SECRET_NAME = re.compile(r"(?i)(token|secret|passw|credential|api_?key|(^|_)key$|^auth)")
 _NUMBER = re.compile(r"-\.?[0-9]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -75,17 +74,25 @@ class NodeCommand:
     # Variables the process gets from the user's environment: {name on the node: local name}.
     secrets: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
+    @property
+    def secret_env_names(self) -> tuple[str, ...]:
+        """The variables of `env` whose values are secrets (HF_TOKEN, ...)."""
+        return tuple(k for k in self.env if is_secret(k))
+
     def shell(self, redact: bool = True, exported: bool = False) -> str:
         """The command as a user would type it on the node: ``KEY=value ... vllm serve ...``.
 
         ``exported``: the secrets are already exported in the shell that runs the line (how
         the launcher runs it), so the line only passes them on, by name.
         """
-        env = " ".join(f"{k}={_shell_value(k, v, redact)}" for k, v in self.env.items())
+        # Exported: the secret variables of `env` are in the shell too (serve.start_command).
+        hidden = self.secret_env_names if exported else ()
+        env = " ".join(f"{k}={_shell_value(k, v, redact)}" for k, v in self.env.items() if k not in hidden)
         words = " ".join(_shell_word(w) for w in self.argv)
         given = "" if exported else "".join(f'{k}="${v}" ' for k, v in self.secrets.items())
         if self.container is not None:
-            passed = "".join(f"-e {k} " for k in self.secrets)  # docker copies the value, not argv
+            # docker copies the value from its own environment: only the name is on its argv.
+            passed = "".join(f"-e {k} " for k in (*self.secrets, *hidden))
             return f"{given}docker exec {passed}{shlex.quote(self.container)} env {env} {words}"
         return f"{given}{env} {words}"
 
@@ -100,7 +107,7 @@ class ServePlan:
     served_model_name: str
     tensor_parallel_size: int
     commands: tuple[NodeCommand, ...]  # in launch order: mp workers first, the head last
-    endpoint: str  # http://<head management address>:<port>/v1
+    endpoint: str  # where the API is, as seen on the head (listen lan: from anywhere on its network)
     log_path: str  # the head's vLLM log
     # Variables the launcher must carry from its own environment into the head's shell
     # (the API key); the plan holds their names, never their values.
@@ -109,9 +116,18 @@ class ServePlan:
     # itself (vLLM 0.19 copies only VLLM_/NCCL_/UCX_/HF_ ones): they belong in every node's
     # `ray start` environment too.
     ray_node_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # The recipe's variant the plan is spelled in ("vLLM >=0.32,<0.34"), and the installed
+    # vLLM it was picked for (None: not read yet, the newest variant).
+    vllm_variant: str | None = None
+    vllm_version: str | None = None
     weights_gib_per_node: float | None = None  # scaled from the recipe's figure to this plan's size
     pitfalls: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    listen: str = "lan"  # loopback | link | lan (docs/inventory.md, model.listen)
+    bind_host: str = "0.0.0.0"  # vLLM's --host
+    port: int = API_PORT
+    # How a user on another machine reaches a loopback/link endpoint: an SSH forward.
+    forward: str | None = None
 
     @property
     def head(self) -> NodeCommand:
@@ -120,11 +136,19 @@ class ServePlan:
     def render(self, redact: bool = True) -> str:
         """Every command line as typed on its node, in launch order, each under a comment."""
         lines = []
+        if self.vllm_variant is not None:
+            found = (f"the installed vLLM {self.vllm_version}" if self.vllm_version else
+                     "its newest; up reads the installed vLLM during check and picks its variant")
+            lines.append(f"# recipe {self.recipe} spelled for {self.vllm_variant}: {found}")
         for c in self.commands:
             role = "head" if c.is_head else "worker"
             lines.append(f"# {c.node} ({role}, {c.address}); log: {c.log_path}")
             lines.append(c.shell(redact))
         lines.append(f"# endpoint: {self.endpoint}  model: {self.served_model_name}")
+        if self.forward:
+            lines.append(f"# from your machine: {self.forward}  (then http://127.0.0.1:{self.port}/v1)")
+        lines += [f"# warning: {w}" for w in self.warnings]
+        lines += [f"# pitfall: {p}" for p in self.pitfalls]
         return "\n".join(lines)
 
 
@@ -169,12 +193,13 @@ def _flag_items(argv: list[str]) -> list[str]:
     return items
 
 
-def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePlan:
-    """The launch plan of the inventory's model on the inventory's nodes."""
+def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_version: str | None = None) -> ServePlan:
+    """The launch plan of the inventory's model on the inventory's nodes, in the spelling of
+    ``vllm_version`` (the installed vLLM; None: the recipe's newest variant)."""
     spec = inventory.model
     if spec is None:
         raise ServePlanError(f"{inventory.path}: no model section: add model.recipe or model.name")
-    recipe = load_recipe(spec.recipe) if spec.recipe else None
+    recipe = load_recipe(spec.recipe).for_vllm(vllm_version) if spec.recipe else None
     model = recipe.model if recipe else str(spec.name)
     n_nodes = len(inventory.nodes)
     if recipe and recipe.nodes > n_nodes:
@@ -186,6 +211,9 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePla
         if flag in _SECRET_FLAGS:
             raise ServePlanError(f"{inventory.path}: model.args sets {flag}: secrets never go in the inventory; "
                                  "put the key in an environment variable and name it in model.api_key_env")
+        if flag == "--host":
+            raise ServePlanError(f"{inventory.path}: model.args sets --host: say where vLLM listens with "
+                                 "model.listen (loopback, link or lan)")
         if flag in _MANAGED:
             raise ServePlanError(f"{inventory.path}: model.args sets {flag}, which spark-cluster sets from the "
                                  "inventory; remove it")
@@ -210,14 +238,28 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePla
         warnings.append(f"tensor x pipeline parallel is {world}: {n_nodes - world} of {n_nodes} Sparks stay idle")
 
     served = _set_default(args, "--served-model-name", model, as_int=False)
-    _set_default(args, "--host", "0.0.0.0", as_int=False)
+    listen = spec.listens_on
+    head = inventory.head
+    bind_host = {"loopback": "127.0.0.1", "link": str(head.link_address), "lan": "0.0.0.0"}[listen]
+    _put(args, "--host", [bind_host])
     port = _set_default(args, "--port", str(API_PORT))
+    api_key_env = api_key_env or spec.api_key_env
+    forward = None
+    if listen == "lan":
+        endpoint_host = _url_host(head.address)
+        if api_key_env is None:
+            warnings.append(f"vLLM listens on every interface of {head.name} without an API key "
+                            "(model.open_without_key): anyone on its network can use the model; "
+                            "set model.api_key_env, or model.listen: loopback")
+    else:
+        endpoint_host = bind_host
+        login = f"{head.user}@{_url_host(head.address)}" + (f" -p {head.port}" if head.port != 22 else "")
+        forward = f"ssh -N -L {port}:{bind_host}:{port} {login}"
     if executor == "ray":
         _put(args, "--distributed-executor-backend", ["ray"])
     else:
         args = [(f, v) for f, v in args if f != "--distributed-executor-backend"]  # plan_mp adds mp
     secret_env: tuple[str, ...] = ()
-    api_key_env = api_key_env or spec.api_key_env
     if api_key_env is not None:
         if not _ENV_NAME.fullmatch(api_key_env):
             raise ServePlanError("model.api_key_env must name an environment variable, like SPARK_API_KEY")
@@ -248,10 +290,12 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None) -> ServePla
         cluster=cluster.name, executor=executor, runtime=cluster.runtime,
         recipe=recipe.name if recipe else None, model=model, served_model_name=served,
         tensor_parallel_size=tp, commands=commands,
-        endpoint=f"http://{_url_host(inventory.head.address)}:{port}/v1", log_path=log_path,
+        endpoint=f"http://{endpoint_host}:{port}/v1", log_path=log_path,
         secret_env=secret_env, ray_node_env=MappingProxyType(ray_node_env),
+        vllm_variant=recipe.variant.describe() if recipe and recipe.variant else None, vllm_version=vllm_version,
         weights_gib_per_node=_weights(recipe, world),
         pitfalls=recipe.pitfalls if recipe else (), warnings=tuple(warnings),
+        listen=listen, bind_host=bind_host, port=port, forward=forward,
     )
 
 
@@ -279,8 +323,9 @@ def merge_args(base: Sequence[tuple[str, Sequence[str]]], overrides: Sequence[tu
     for flag, values in overrides:
         if flag.startswith("--no-"):
             positive = "--" + flag[len("--no-"):]
-            if positive in merged:
-                del merged[positive]
+            if positive in merged or positive.startswith("--disable-"):
+                # vLLM's --disable-x switches have no --no- form: off is their default.
+                merged.pop(positive, None)
                 continue
         else:
             merged.pop("--no-" + flag[2:], None)
@@ -368,11 +413,13 @@ def _url_host(address: str) -> str:
 def _shell_word(word: str) -> str:
     if word.startswith("$") and _ENV_NAME.fullmatch(word[1:]):
         return f'"{word}"'  # a reference the node's shell expands: never the secret itself
+    if word == "~" or word.startswith("~/"):
+        return remote_path(word)  # cluster.python: ~ is the node's home, as in Ray's line
     return shlex.quote(word)
 
 
 def _shell_value(name: str, value: str, redact: bool) -> str:
-    if redact and _SECRET_NAME.search(name):
+    if redact and is_secret(name):
         return shlex.quote(REDACTED)
     if value == "~" or value.startswith("~/"):
         return remote_path(value)

@@ -267,12 +267,27 @@ class JsonLines:
                              highlight=False)
 
 
+def plan_notes(plan) -> None:  # noqa: ANN001 - ServePlan
+    """What the plan warns of (an idle Spark, an open endpoint) and the recipe's pitfalls."""
+    for text in plan.warnings:
+        err_console.print(Text("warning: ", style="bold yellow") + Text(text))
+    for text in plan.pitfalls:
+        err_console.print(Text("pitfall: ", style="yellow") + Text(text))
+
+
+def forward_hint(plan) -> None:  # noqa: ANN001 - ServePlan
+    if plan.forward:
+        console.print(f"  vLLM listens on {plan.bind_host} of {plan.head.node} only ({plan.listen}); "
+                      f"from your machine: {plan.forward}")
+
+
 def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Progress
     state = progress.state
-    gib = ", ".join(f"{g:g}" for g in state.weights_gib) or "?"
+    # Some builds (vLLM's CPU build) log no "Model loading took … GiB": say so, not "?".
+    gib = ", ".join(f"{g:g}" for g in state.weights_gib) + " GiB" if state.weights_gib else "not in the log"
     console.print(Text("ready", style="bold green") + Text(
         f": {plan.served_model_name} serves at {plan.endpoint} after {progress.elapsed:.1f} s"))
-    console.print(f"  weights per rank: {gib} GiB; shards {state.shards_loaded}/{state.shards_total}"
+    console.print(f"  weights per rank: {gib}; shards {state.shards_loaded}/{state.shards_total}"
                   + (f"; load {state.load_seconds:.1f} s" if state.load_seconds else ""))
     resident = progress.resident_gib()
     for node, used in progress.memory_gib.items():
@@ -280,6 +295,7 @@ def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, serve.Pr
         console.print(f"  {node}: {used:.1f} GiB of memory in use (+{resident.get(node, 0.0):.1f} GiB since "
                       f"the start)" + (f", {loaded:g} GiB of weights" if loaded is not None else ""))
     console.print("  phases: " + ", ".join(f"{phase} {took:.1f} s" for phase, took in progress.durations()))
+    forward_hint(plan)
     console.print(f"  try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
                   f"-d '{{\"model\": \"{plan.served_model_name}\", \"messages\": "
                   f"[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
@@ -298,6 +314,10 @@ def vllm_status(data: dict) -> None:
         style=style))
     if vllm.get("error"):
         console.print(Text(f"  {vllm['error']}", style="red"))
+    failure = vllm.get("failure")
+    if failure:
+        console.print(Text(f"  failed on {failure['node']}: {failure['cause']}\n  evidence: {failure['evidence']}"
+                           f"\n  log: {failure['log']} on {failure['node']}", style="red"))
     metrics = {**vllm["metrics"], **(vllm.get("throughput") or {})}
     if metrics:
         console.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
@@ -360,6 +380,9 @@ def summary_line(data: dict) -> str:
     line = (f"{time.strftime('%H:%M:%S')} {'healthy' if data['healthy'] else 'NOT healthy'}: "
             f"nodes {reachable}/{len(data['nodes'])} reachable"
             + (f", ray {alive} alive" if data["ray"].get("used", True) else ""))
+    unreachable = [name for name, n in data["nodes"].items() if not n["reachable"]]
+    if unreachable:
+        line += f" (unreachable: {', '.join(unreachable)})"
     vllm = data.get("vllm")
     if vllm is not None:
         metrics = vllm["metrics"]
@@ -369,6 +392,9 @@ def summary_line(data: dict) -> str:
                  f" generated {metrics.get('generation_tokens_total', 0):g} tokens"
                  + (f" ({rates.get('prompt_tokens_per_s', 0):g} prompt, "
                     f"{rates.get('generation_tokens_per_s', 0):g} generation tok/s)" if rates else ""))
+        failure = vllm.get("failure")
+        if failure:
+            line += f"; vllm failed on {failure['node']}: {failure['cause']}; evidence: {failure['evidence']}"
     return line
 
 

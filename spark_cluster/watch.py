@@ -51,7 +51,10 @@ class Supervisor:
             return False
         self.restarts += 1
         wait = 2 ** self.restarts
-        self.log(f"vLLM is not running: restart {self.restarts}/{self.max_restarts} in {wait} s")
+        failure = vllm.get("failure")
+        why = (f" (failed on {failure['node']}: {failure['cause']}; evidence: {failure['evidence']})"
+               if failure else "")
+        self.log(f"vLLM is not running{why}: restart {self.restarts}/{self.max_restarts} in {wait} s")
         time.sleep(wait)
         try:
             # What is left of the dead start (an mp worker node's process) would block the new one.

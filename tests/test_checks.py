@@ -6,6 +6,7 @@ and the commands its playbook would run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -38,6 +39,10 @@ ALL_IDS = {
     "rdma.module-not-loaded", "ssh.unreachable", "sudo.needs-password", "versions.image-differs",
     "versions.ray-differs", "versions.vllm-differs", "versions.python-differs",
     "versions.driver-differs", "versions.kernel-differs", "facts.slow", "facts.probe-slow",
+    "driver.nvidia-smi-hung", "driver.proprietary-modules", "driver.adapter-init-failed", "driver.xid",
+    "probe.failed", "link.wrong-port", "driver.unreachable",
+    "runtime.docker-missing", "runtime.docker-access", "runtime.docker-down", "runtime.docker-failed",
+    "runtime.image-missing", "runtime.python-missing", "runtime.ray-missing", "runtime.vllm-missing",
 }
 
 # --- raw probe answers of a healthy Spark -------------------------------------------------------
@@ -203,6 +208,7 @@ def healthy_raw(node: str, index: int) -> dict[str, Any]:
         "disk": probe("        Avail     1B-blocks Mounted on\n3298534883328 3936818806784 /\n"),
         "model_files": probe(model_files()),
         "python": probe("3.12.3\nray 2.60.0\nvllm 0.11.0\ntorch 2.9.0\n"),
+        **host_probes(),
     }
     for r, rail in enumerate(spec.link.rails):
         for peer in INVENTORY.nodes:
@@ -210,6 +216,27 @@ def healthy_raw(node: str, index: int) -> dict[str, Any]:
                 probes[f"ping:{rail.interface}:{peer.name}"] = ping_ok(
                     f"192.168.{100 + r}.{host}", str(peer.link.rails[r].address.ip))
     return {"probes": probes}
+
+
+def host_probes(kernel: str = KERNEL, driver_: str = DRIVER) -> dict[str, dict[str, Any]]:
+    """The driver/RDMA probes of a healthy Spark (spark_cluster/host_probes.py)."""
+    ko = f"/lib/modules/{kernel}/kernel/nvidia-580-open/nvidia.ko.zst"
+    return {
+        "kernel_log": probe(f"[    6.252567] NVRM: loading NVIDIA UNIX Open Kernel Module for aarch64  {driver_}  "
+                            "Release Build  (dvs-builder@U22-I3-AF04-07-5)  Thu Feb 26 01:12:43 UTC 2026\n"
+                            "[    7.101220] mlx5_core 0000:01:00.1 enp1s0f1np1: Link up\n"),
+        "modinfo_nvidia": probe(f"filename:       {ko}\nversion:        {driver_}\nlicense:        Dual MIT/GPL\n"),
+        "nvidia_files": probe(f"{ko}\n/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.{driver_}\n"),
+        "dkms": probe("dkms: not installed\n"),
+        "headers": probe("present\n"),
+        "apt_history": probe(""),
+        "unattended_log": probe(""),
+        "holds": probe(""),
+        "rdma_link": probe("link roceP2p1s0f0/1 state DOWN physical_state DISABLED netdev enP2p1s0f0np0\n"
+                           "link roceP2p1s0f1/1 state ACTIVE physical_state LINK_UP netdev enP2p1s0f1np1\n"
+                           "link rocep1s0f0/1 state DOWN physical_state DISABLED netdev enp1s0f0np0\n"
+                           "link rocep1s0f1/1 state ACTIVE physical_state LINK_UP netdev enp1s0f1np1\n"),
+    }
 
 
 def healthy_cluster() -> dict[str, dict[str, Any]]:
@@ -290,6 +317,91 @@ def disk_full(raw: dict[str, Any]) -> None:
     set_probe(raw, "disk", "      Avail    1B-blocks Mounted on\n0 8589934592 /root/.cache\n")
 
 
+PROPRIETARY_PROC = (f"NVRM version: NVIDIA UNIX Kernel Module for aarch64  {DRIVER}  Release Build  "
+                    "(dvs-builder@U22-I3-AF04-07-5)  Thu Feb 26 01:12:43 UTC 2026\n")
+ADAPTER_FAILED = "[    9.512201] NVRM: GPU 000f:01:00.0: RmInitAdapter failed! (0x62:0x1a:2631)\n"
+
+
+def proprietary_modules(raw: dict[str, Any]) -> None:
+    """The proprietary module package in place of the open one: loaded, the GPU fails to initialise."""
+    rows = healthy_packages()
+    rows.pop(f"linux-modules-nvidia-580-open-{KERNEL}")
+    rows[f"linux-modules-nvidia-580-{KERNEL}"] = ("ii", "6.17.0-1014.14")
+    ko = f"/lib/modules/{KERNEL}/kernel/nvidia-580/nvidia.ko.zst"
+    set_probe(raw, "packages", dpkg(rows), 1)
+    set_probe(raw, "nvidia_smi", "No devices were found\n", 6)
+    set_probe(raw, "proc_driver", PROPRIETARY_PROC)
+    set_probe(raw, "modinfo_nvidia", f"filename:       {ko}\nversion:        {DRIVER}\nlicense:        NVIDIA\n")
+    set_probe(raw, "nvidia_files", f"{ko}\n/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.{DRIVER}\n")
+    set_probe(raw, "kernel_log", "[    9.301022] NVRM: loading NVIDIA UNIX Kernel Module for aarch64  "
+                                 f"{DRIVER}  Release Build  Thu Feb 26 01:12:43 UTC 2026\n" + ADAPTER_FAILED)
+
+
+def run_kernel_update(raw: dict[str, Any]) -> None:
+    """NVIDIA's .run installer built nvidia.ko for 1014 only, no DKMS; the node booted 1018."""
+    rows = {n: v for n, v in healthy_packages().items()
+            if not n.startswith(("linux-modules-nvidia-", "nvidia-", "libnvidia-"))}
+    rows[f"linux-image-{NEW_KERNEL}"] = ("ii", "6.17.0-1018.18")
+    set_probe(raw, "uname", f"{NEW_KERNEL} aarch64\n")
+    set_probe(raw, "packages", dpkg(rows), 1)
+    set_probe(raw, "kernel_modules", f"{KERNEL}\t{DRIVER}\n{NEW_KERNEL}\t\n")
+    set_probe(raw, "nvidia_smi", NOT_LOADED, 9)
+    set_probe(raw, "proc_driver", rc=1, err="cat: /proc/driver/nvidia/version: No such file or directory\n")
+    set_probe(raw, "lsmod", lsmod(without=NVIDIA_MODULES))
+    set_probe(raw, "modinfo_nvidia", rc=1, err="modinfo: ERROR: Module nvidia not found.\n")
+    set_probe(raw, "nvidia_files", f"/lib/modules/{KERNEL}/kernel/drivers/video/nvidia.ko\n/usr/bin/nvidia-uninstall\n"
+                                   f"/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.{DRIVER}\n")
+    set_probe(raw, "kernel_log", "")
+
+
+def dkms_kernel_update(raw: dict[str, Any]) -> None:
+    """DKMS-built modules; the new kernel came without its headers, so DKMS built nothing for it."""
+    run_kernel_update(raw)
+    rows = healthy_packages()
+    rows.pop(f"linux-modules-nvidia-580-open-{KERNEL}")
+    rows.pop("linux-modules-nvidia-580-open-nvidia-hwe-24.04")
+    rows["nvidia-dkms-580-open"] = ("ii", f"{DRIVER}-0ubuntu0.24.04.1")
+    rows[f"linux-image-{NEW_KERNEL}"] = ("ii", "6.17.0-1018.18")
+    set_probe(raw, "packages", dpkg(rows), 1)
+    set_probe(raw, "nvidia_files", f"/lib/modules/{KERNEL}/updates/dkms/nvidia.ko.zst\n")
+    set_probe(raw, "dkms", f"nvidia/{DRIVER}, {KERNEL}, aarch64: installed\n")
+    set_probe(raw, "headers", "absent\n")
+    set_probe(raw, "secure_boot", "SecureBoot disabled\n")
+
+
+APT_UNATTENDED = (f"Start-Date: 2026-06-20  06:12:09\nCommandline: /usr/bin/unattended-upgrade\n"
+                  f"Upgrade: nvidia-utils-580:arm64 ({DRIVER}-0ubuntu0.24.04.1, {NEW_DRIVER}-0ubuntu0.24.04.1), "
+                  f"libnvidia-compute-580:arm64 ({DRIVER}-0ubuntu0.24.04.1, {NEW_DRIVER}-0ubuntu0.24.04.1)\n"
+                  "End-Date: 2026-06-20  06:12:41\n")
+
+
+def auto_upgrade(raw: dict[str, Any]) -> None:
+    """unattended-upgrades took the driver to 580.159.03 under the loaded 580.142; nothing is held."""
+    driver_mismatch(raw)
+    set_probe(raw, "apt_history", APT_UNATTENDED)
+    set_probe(raw, "nvidia_files", f"/lib/modules/{KERNEL}/kernel/nvidia-580-open/nvidia.ko.zst\n"
+                                   f"/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.{NEW_DRIVER}\n")
+    set_probe(raw, "modinfo_nvidia", f"version:        {NEW_DRIVER}\nlicense:        Dual MIT/GPL\n")
+
+
+def nvidia_smi_hung(raw: dict[str, Any]) -> None:
+    set_probe(raw, "nvidia_smi", "", 124, "timed out after 10s")
+
+
+def cable_other_port(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """spark-b's cable end is in its left port (enp1s0f0np0); the inventory names the right one."""
+    set_probe(b, "ip_addr", json.dumps(ip_addr(1, {
+        "enp1s0f1np1": link(4, "enp1s0f1np1", "4c:bb:47:2f:92:13", 9000, "192.168.100.11/24", state="no-carrier"),
+        "enp1s0f0np0": link(3, "enp1s0f0np0", "4c:bb:47:2f:92:12", 1500)})))
+    set_probe(b, "ibdev2netdev", ibdev(rail0_up=False).replace("enp1s0f0np0 (Down)", "enp1s0f0np0 (Up)"))
+    set_probe(b, "rdma_link", host_probes()["rdma_link"]["out"]
+              .replace("rocep1s0f0/1 state DOWN physical_state DISABLED", "rocep1s0f0/1 state ACTIVE physical_state LINK_UP")
+              .replace("rocep1s0f1/1 state ACTIVE physical_state LINK_UP", "rocep1s0f1/1 state DOWN physical_state DISABLED"))
+    set_probe(b, "speed", "enp1s0f1np1\t\nenP2p1s0f1np1\t200000\n")
+    set_probe(a, "ping:enp1s0f1np1:spark-b", "", 1, "")
+    set_probe(b, "ping:enp1s0f1np1:spark-a", "", 2, "ping: connect: Network is unreachable\n")
+
+
 def lab_fault(fault: str) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
     """The raw answers of sim.yaml's cluster with `fault` injected on spark-b (the link faults
     also show on spark-a's end), and the clock skew to apply."""
@@ -327,6 +439,16 @@ def lab_fault(fault: str) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
         disk_full(b)
     elif fault == "clock-skew":
         skew["spark-b"] = 7.5
+    elif fault == "proprietary-modules":
+        proprietary_modules(b)
+    elif fault == "run-kernel-update":
+        run_kernel_update(b)
+    elif fault == "auto-upgrade":
+        auto_upgrade(b)
+    elif fault == "nvidia-smi-hung":
+        nvidia_smi_hung(b)
+    elif fault == "cable-other-port":
+        cable_other_port(a, b)
     else:
         raise ValueError(fault)
     return raws, skew
@@ -355,12 +477,20 @@ LAB_FAULTS = {  # lab fault -> (finding id, severity) on spark-b, as tests/test_
     "memory-hog": ("memory.competing-process", Severity.BLOCKER),
     "disk-full": ("disk.full", Severity.BLOCKER),
     "clock-skew": ("clock.skew", Severity.WARNING),
+    "proprietary-modules": ("driver.proprietary-modules", Severity.BLOCKER),
+    "run-kernel-update": ("driver.modules-missing", Severity.BLOCKER),
+    "auto-upgrade": ("driver.version-mismatch", Severity.BLOCKER),
+    "nvidia-smi-hung": ("driver.nvidia-smi-hung", Severity.BLOCKER),
+    "cable-other-port": ("link.wrong-port", Severity.BLOCKER),
 }
 # What else a fault may show besides its finding: never a blocker.
 SIDE_EFFECTS = {
     "kernel-update": {("spark-b", "versions.kernel-differs", "warning")},
     "driver-mismatch": {("spark-b", "versions.driver-differs", "warning"),
                         ("spark-b", "os.reboot-required", "info")},
+    "auto-upgrade": {("spark-b", "versions.driver-differs", "warning"),
+                     ("spark-b", "os.reboot-required", "info")},
+    "run-kernel-update": {("spark-b", "versions.kernel-differs", "warning")},
 }
 
 
@@ -417,7 +547,8 @@ def test_driver_mismatch_names_both_versions_and_reboots() -> None:
     raws, _ = lab_fault("driver-mismatch")
     hit = only(findings_of(raws), "driver.version-mismatch")
     assert f"({DRIVER})" in hit.message and f"({NEW_DRIVER})" in hit.message
-    assert hit.evidence == "nvidia-smi (exit 18): Failed to initialize NVML: Driver/library version mismatch"
+    assert hit.evidence == ("nvidia-smi (exit 18): Failed to initialize NVML: Driver/library version mismatch; "
+                            f"loaded module {DRIVER}, dpkg: nvidia-utils-580 {NEW_DRIVER}")
     assert hit.fix is not None and hit.fix.playbook == "reboot"
     assert fix_commands(hit) == ["sudo -n -- sh -c 'systemctl reboot 2>/dev/null || reboot'"]
 
@@ -567,7 +698,10 @@ def test_nvidia_smi_answering_without_lsmod_is_healthy() -> None:
     # A host without kmod (tests/data/real): lsmod is not found, nvidia-smi answers.
     raws = healthy_cluster()
     set_probe(raws["spark-a"], "lsmod", "", 127, "/bin/sh: 1: lsmod: not found\n")
-    assert findings_of(raws) == []
+    # What lsmod would show is unknown, and said so; nothing is claimed missing.
+    assert ids(findings_of(raws)) == [("spark-a", "probe.failed", "info")]
+    assert only(findings_of(raws), "probe.failed").message == (
+        "unknown: probe lsmod failed on spark-a (/bin/sh: 1: lsmod: not found)")
 
 
 def test_next_boot_kernel_without_modules_warns_before_the_reboot() -> None:
@@ -640,7 +774,8 @@ def test_ping_failed_with_everything_else_right() -> None:
 
 def test_page_cache_warns() -> None:
     raws = healthy_cluster()
-    set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=100 * GIB // KIB, cached_kib=40 * GIB // KIB))
+    # 112 GiB free: above vLLM's 0.9 x 121.7 GiB, with 40 GiB of it page cache.
+    set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=112 * GIB // KIB, cached_kib=40 * GIB // KIB))
     findings = findings_of(raws)
     assert ids(findings) == [("spark-a", "memory.page-cache", "warning")]
     assert fix_commands(findings[0]) == ["sudo -n -- sh -c 'sync && echo 3 > /proc/sys/vm/drop_caches'"]
@@ -652,10 +787,15 @@ def test_memory_low_with_page_cache_drops_caches() -> None:
     for raw in raws.values():
         set_probe(raw, "model_files", model_files(big))
     set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=60 * GIB // KIB, cached_kib=20 * GIB // KIB))
-    findings = findings_of(raws)
+    half = dataclasses.replace(INVENTORY, model=dataclasses.replace(
+        INVENTORY.model, args=("--gpu-memory-utilization", "0.5")))
+    findings = findings_of(raws, half)
     hit = only(findings, "memory.low")
     assert hit.node == "spark-a" and hit.fix is not None and hit.fix.playbook == "drop-caches"
     assert "108.0 GiB per node" in hit.message  # 200 GiB over 2 nodes + 8 GiB headroom
+    # vLLM's default utilisation asks more than the weights: 0.9 of the node's 121.7 GiB.
+    assert "109.5 GiB per node (vLLM asks --gpu-memory-utilization 0.9 x 121.7 GiB" in \
+        only(findings_of(raws), "memory.low").message
     # Without page cache to return there is nothing to run.
     set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=60 * GIB // KIB, cached_kib=GIB // KIB // 2))
     hit = only(findings_of(raws), "memory.low")
@@ -721,8 +861,7 @@ def test_image_differs_in_container_runtime() -> None:
     text = SIM.read_text().replace("runtime: host", "runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3")
     inventory = parse_inventory(text, SIM)
     raws = healthy_cluster()
-    for name, raw in raws.items():
-        del raw["probes"]["python"]
+    for name, raw in raws.items():  # the image's own Python answers the "python" probe
         set_probe(raw, "docker", "29.2.1\n")
         set_probe(raw, "image", "sha256:" + ("ab" if name == "spark-a" else "cd") * 32 + "\n")
     assert set(raws["spark-a"]["probes"]) == {p.name for p in probes_for(inventory, inventory.head)}
@@ -813,6 +952,9 @@ def every_scenario_findings() -> list[Finding]:
     set_probe(raws["spark-b"], "packages", dpkg(rows), 1)
     set_probe(raws["spark-b"], "kernel_modules", f"{KERNEL}\t{DRIVER}\n6.17.0-1021-nvidia\t\n")
     found += findings_of(raws)
+    raws = healthy_cluster()
+    dkms_kernel_update(raws["spark-b"])
+    found += findings_of(raws)
     big = {**SHARDS, "model-00001-of-00002.safetensors": 200 * GIB}
     raws = healthy_cluster()
     for raw in raws.values():
@@ -901,7 +1043,7 @@ def test_load_playbook_refuses_undeclared_params(tmp_path: Path) -> None:
 
 # --- the id catalogue, the docs, the --json schema ------------------------------------------------------
 
-ID_LITERAL = re.compile(r'"((?:check|clock|disk|driver|facts|link|memory|model|os|rdma|ssh|sudo|versions)'
+ID_LITERAL = re.compile(r'"((?:check|clock|disk|driver|facts|link|memory|model|os|probe|rdma|runtime|ssh|sudo|versions)'
                         r'\.[a-z][a-z-]*)"')
 
 
@@ -956,7 +1098,7 @@ def test_report_dict() -> None:
 def test_check_modules_expose_their_functions() -> None:
     # run_checks' tables name real functions of the modules (a rename would silently drop a check).
     assert driver.check_driver in checks.NODE_CHECKS and cluster.check_versions in checks.CLUSTER_CHECKS
-    assert len(checks.NODE_CHECKS) == 4 and len(checks.CLUSTER_CHECKS) == 4
+    assert len(checks.NODE_CHECKS) == 7 and len(checks.CLUSTER_CHECKS) == 4
 
 
 
@@ -982,3 +1124,74 @@ def test_memory_our_own_vllm_holds_is_not_missing() -> None:
     assert held.severity == Severity.INFO and "4242" in held.evidence
     set_probe(raws["spark-a"], "own_pids", "77\n")  # only Ray of ours runs: the vLLM is someone else's
     assert only(findings_of(raws), "memory.competing-process").node == "spark-a"
+
+
+# --- the runtime: docker and the image, or the host's Python -------------------------------------
+
+CONTAINER = dataclasses.replace(INVENTORY, cluster=dataclasses.replace(
+    INVENTORY.cluster, runtime="container", image="nvcr.io/nvidia/vllm:26.05-py3", python=None))
+IMAGE_ID = "sha256:" + "ab" * 32
+
+
+def container_cluster(**changes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    raws = healthy_cluster()
+    for node, raw in raws.items():
+        del raw["probes"]["python"]
+        raw["probes"]["docker"] = probe("28.3.3\n")
+        raw["probes"]["image"] = probe(IMAGE_ID + "\n")
+        raw["probes"].update(changes.get(node, {}))
+    return raws
+
+
+def test_container_runtime_healthy_has_no_runtime_finding() -> None:
+    assert not [f for f in findings_of(container_cluster(), CONTAINER) if f.id.startswith("runtime.")]
+
+
+def test_image_missing_on_one_node_is_a_blocker_naming_it() -> None:
+    gone = probe(rc=1, err="Error response from daemon: No such image: nvcr.io/nvidia/vllm:26.05-py3\n")
+    found = only(findings_of(container_cluster(**{"spark-b": {"image": gone}}), CONTAINER), "runtime.image-missing")
+    assert (found.node, found.blocking) == ("spark-b", True)
+    assert "No such image" in found.evidence and "docker pull nvcr.io/nvidia/vllm:26.05-py3" in found.fix.note
+
+
+@pytest.mark.parametrize("err, rc, id_", [
+    ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: "
+     "Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.51/info\": dial unix /var/run/docker.sock: connect: "
+     "permission denied\n", 1, "runtime.docker-access"),
+    ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n", 1,
+     "runtime.docker-down"),
+    ("/bin/sh: 1: docker: not found\n", 127, "runtime.docker-missing"),
+])
+def test_docker_that_does_not_answer_says_why(err: str, rc: int, id_: str) -> None:
+    raws = container_cluster(**{"spark-a": {"docker": probe(rc=rc, err=err), "image": probe(rc=rc, err=err)}})
+    found = [f for f in findings_of(raws, CONTAINER) if f.id.startswith("runtime.")]
+    assert [(f.node, f.id) for f in found] == [("spark-a", id_)]  # no image finding on top
+    assert found[0].blocking and found[0].fix.note
+
+
+def test_host_runtime_without_ray_or_vllm_is_a_blocker() -> None:
+    raws = healthy_cluster()
+    raws["spark-b"]["probes"]["python"] = probe("3.12.3\nray -\nvllm -\ntorch 2.9.0\n")
+    found = [(f.node, f.id) for f in findings_of(raws) if f.id.startswith("runtime.")]
+    assert found == [("spark-b", "runtime.ray-missing"), ("spark-b", "runtime.vllm-missing")]
+    raws["spark-b"]["probes"]["python"] = probe(rc=127, err="/bin/sh: 1: /opt/venv/bin/python: not found\n")
+    (finding,) = [f for f in findings_of(raws) if f.id.startswith("runtime.")]
+    assert (finding.node, finding.id) == ("spark-b", "runtime.python-missing") and "not found" in finding.evidence
+
+
+def test_memory_against_the_recipe_utilisation_on_unified_memory() -> None:
+    """Seed 003's 0.87 on a Spark: about 105.9 GiB must be free at start, not weights + 8 GiB."""
+    lab = parse_inventory((REPO / "inventories" / "lab.yaml").read_text(), REPO / "inventories" / "lab.yaml")
+    raws = healthy_cluster()
+    for raw in raws.values():
+        set_probe(raw, "model_files", probe(rc=1, err="find: No such file or directory\n"))
+    set_probe(raws["spark-b"], "meminfo", meminfo(available_kib=100 * GIB // KIB, cached_kib=GIB // KIB))
+    lab_facts = facts_of(raws)
+    findings = run_checks(lab, lab_facts)
+    low = only(findings, "memory.low")
+    assert low.node == "spark-b" and "105.9 GiB per node" in low.message and "0.87" in low.message
+    # The recipe's checkpoint is looked for (and missing everywhere) though the inventory names no model.
+    assert [(f.node, f.id) for f in findings if f.id == "model.missing"] == [("spark-a", "model.missing"),
+                                                                             ("spark-b", "model.missing")]
+    assert "Qwen/Qwen3-235B-A22B-GPTQ-Int4" in only([f for f in findings if f.node == "spark-a"],
+                                                    "model.missing").message

@@ -338,7 +338,8 @@ def test_args_mapping_is_flattened_to_argv_words() -> None:
     inv = parse_inventory(variant(l33=args), "x.yaml")
     assert inv.model is not None
     assert inv.model.args == (
-        "--max-model-len", "8192", "--enforce-eager", "--dtype", "auto", "--gpu-memory-utilization", "0.85",
+        "--max-model-len", "8192", "--enforce-eager", "--no-trust-remote-code", "--dtype", "auto",
+        "--gpu-memory-utilization", "0.85",
         "--cuda-graph-sizes", "1", "2", "--speculative-config", '{"method":"ngram","n":3}',
     )  # fmt: skip
 
@@ -424,7 +425,7 @@ def test_records_are_frozen_and_hashable() -> None:
 def test_node_lookup() -> None:
     inv = parse_inventory(BASE, "/inv/x.yaml")
     assert inv.node("b").address == "10.0.0.2"
-    with pytest.raises(KeyError, match="no node named 'c' in /inv/x.yaml \\(nodes: a, b\\)"):
+    with pytest.raises(KeyError, match="/inv/x.yaml: no node named 'c' \\(nodes: a, b\\)"):
         inv.node("c")
 
 

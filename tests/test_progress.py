@@ -255,17 +255,46 @@ def test_cli_ready_log_exits_0_and_prints_a_summary(capsys: pytest.CaptureFixtur
 
 
 @needs_shared
-def test_cli_stale_silent_log_is_failed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("name", ["03-dgx-spark-gb10-laguna-silent-death-after-compile.log",
+                                  "06-dgx-spark-gx10-2node-head-still-loading-43of87-while-worker-dead.log"])
+def test_cli_saved_log_is_judged_on_its_lines_not_its_age(name: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "vllm.log"
-    shutil.copy(SHARED / "03-dgx-spark-gb10-laguna-silent-death-after-compile.log", log)
-    rc, out, _ = _run(["diagnose", "--log", str(log), "--json"], capsys)
-    assert (rc, json.loads(out)["outcome"]) == (0, "loading")
+    shutil.copy(SHARED / name, log)
     old = time.time() - 7200
     os.utime(log, (old, old))
     rc, out, _ = _run(["diagnose", "--log", str(log), "--json"], capsys)
+    assert (rc, json.loads(out)["outcome"], json.loads(out)["cause"]) == (0, "loading", None)
+    # Asked for (a log being written now): two idle hours make a still-starting log dead.
+    rc, out, _ = _run(["diagnose", "--log", str(log), "--json", "--stalled-after", "1800"], capsys)
     assert (rc, json.loads(out)["outcome"], json.loads(out)["cause"]) == (1, "failed", "oom")
-    rc, out, _ = _run(["diagnose", "--log", str(log), "--stalled-after", "0"], capsys)
-    assert rc == 0 and "outcome: loading" in out
+    rc, out, _ = _run(["diagnose", "--log", str(log), "--stalled-after", "1800"], capsys)
+    assert "taken for dead (inferred)" in out
+    os.utime(log, None)  # fresh: not stalled even when asked
+    rc, out, _ = _run(["diagnose", "--log", str(log), "--json", "--stalled-after", "1800"], capsys)
+    assert (rc, json.loads(out)["outcome"]) == (0, "loading")
+
+
+@pytest.mark.parametrize("line", [
+    "(Worker_TP1 pid=598) Fatal Python error: Segmentation fault",
+    "Fatal Python error: Aborted",
+    "(raylet, ip=192.168.100.11) *** SIGSEGV received at time=1763940000 on cpu 3 ***",
+    "torch.distributed.elastic.multiprocessing.api: Signal 11 (SIGSEGV) received by PID 4242",
+])
+def test_a_rank_killed_by_a_signal_is_a_failure_not_loading(line: str) -> None:
+    text = ("(APIServer pid=1) INFO 11-23 23:27:40 [utils.py:233] non-default args: {}\n"
+            "(Worker_TP1 pid=598) INFO 11-23 23:27:49 [gpu_model_runner.py:4736] Starting to load model x...\n"
+            + line + "\n")
+    data = diagnose_log(text)
+    assert (data["outcome"], data["cause"], data["evidence"]) == ("failed", "engine-died", line)
+
+
+def test_negative_kv_cache_budget_is_kv_cache_memory_even_when_the_log_ends_there() -> None:
+    line = "(EngineCore pid=3931) INFO 06-12 12:49:02 [gpu_worker.py:480] Available KV cache memory: -1.36 GiB"
+    data = diagnose_log("(APIServer pid=1) INFO 06-12 12:44:00 [utils.py:233] non-default args: {}\n" + line)
+    assert (data["outcome"], data["cause"], data["evidence"]) == ("failed", "kv-cache-memory", line)
+    ok = diagnose_log(line.replace("-1.36", "40.61"))
+    assert (ok["outcome"], ok["cause"]) == ("loading", None)
 
 
 def test_cli_unreadable_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

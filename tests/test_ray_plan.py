@@ -54,12 +54,13 @@ def test_container_runtime_runs_the_image_with_the_node_env() -> None:
     for flag in ("--gpus", "--ipc", "--shm-size", "--device"):
         assert flag in words
     assert "VLLM_HOST_IP=192.168.100.10" in words
-    assert words[-3:] == ["nvcr.io/nvidia/vllm:26.05-py3", "-c", head.start]
-    # Compile caches and the non-carry-over list come from the node, so they outlive the container.
+    assert words[-3:-1] == ["nvcr.io/nvidia/vllm:26.05-py3", "-c"] and words[-1].endswith(head.start)
+    # vLLM in the container reads its non-carry-over list from the container's own home.
+    assert '"$HOME/.config/vllm/ray_non_carry_over_env_vars.json"' in words[-1]
+    assert '"VLLM_API_KEY"' in words[-1] and '"VLLM_HOST_IP"' in words[-1]
+    # Compile caches come from the node, so they outlive the container.
     volumes = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
-    assert volumes[1:] == ["$HOME/.cache/vllm:/root/.cache/vllm", "$HOME/.cache/torch:/root/.cache/torch",
-                           "$HOME/.cache/spark-cluster/lab/ray_non_carry_over_env_vars.json:"
-                           "/root/.config/vllm/ray_non_carry_over_env_vars.json:ro"]
+    assert volumes[1:] == ["$HOME/.cache/vllm:/root/.cache/vllm", "$HOME/.cache/torch:/root/.cache/torch"]
     assert "TORCHINDUCTOR_CACHE_DIR=/root/.cache/torch/inductor" in words
 
 

@@ -51,7 +51,7 @@ def test_lab_renders_exactly_seed_003() -> None:
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-235B-A22B-GPTQ-Int4"]
     assert " ".join(argv[3:]).startswith(SEED_003 + " --distributed-executor-backend ray")
     assert argv.count("--tensor-parallel-size") == 1 and argv.count("--distributed-executor-backend") == 1
-    for pair in (["--host", "0.0.0.0"], ["--port", "8000"],
+    for pair in (["--host", "127.0.0.1"], ["--port", "8000"],
                  ["--served-model-name", "Qwen/Qwen3-235B-A22B-GPTQ-Int4"]):
         i = argv.index(pair[0])
         assert argv[i:i + 2] == pair
@@ -69,7 +69,7 @@ def test_lab_head_environment() -> None:
     assert env["RAY_DEDUP_LOGS"] == "0" and env["RAY_COLOR_PREFIX"] == "0" and env["HF_HUB_OFFLINE"] == "1"
     assert env["HF_HOME"] == "/root/.cache/huggingface"  # where docker_run mounts the cache
     assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3600"  # from the recipe
-    assert plan.endpoint == "http://spark-a.local:8000/v1"
+    assert plan.endpoint == "http://127.0.0.1:8000/v1"  # no key: on the head's loopback only
     assert plan.log_path == plan.head.log_path == "~/.cache/spark-cluster/lab/vllm.log"
     assert plan.weights_gib_per_node == 57.64 and plan.pitfalls
 
@@ -180,7 +180,8 @@ def test_recipe_env_ray_does_not_copy_is_listed_for_ray_start() -> None:
     inv = with_model(LAB, recipe="nemotron-3-nano-nvfp4")
     plan = serve_plan(inv)
     assert dict(plan.ray_node_env) == {"CUTE_DSL_ARCH": "sm_121a"}
-    assert plan.head.env["VLLM_NVFP4_GEMM_BACKEND"] == "flashinfer-b12x"
+    assert dict(serve_plan(inv, vllm_version="0.20.1").ray_node_env) == {"CUTE_DSL_ARCH": "sm_121a"}
+    assert serve_plan(inv, vllm_version="0.20.1").head.env["VLLM_NVFP4_GEMM_BACKEND"] == "flashinfer-b12x"
     # ...and so every node's `ray start` carries it, while vLLM's own variables stay vLLM's to copy
     for spec in inv.nodes:
         env = node_env(inv, spec)
@@ -272,3 +273,39 @@ def test_the_launch_record_says_what_changed_and_holds_no_secret() -> None:
     lines = launch_diff(before, fewer)
     assert any(line.startswith("spark-a: vllm arguments: - vllm serve ") for line in lines)
     assert any(line.startswith("spark-a: secrets: ['VLLM_API_KEY'] -> []") for line in lines), lines
+
+
+def test_no_open_door_by_default() -> None:
+    """Without an API key vLLM listens on the head's loopback; the dry run says how to reach it."""
+    plan = serve_plan(LAB)
+    argv = argv_of(plan)
+    assert "0.0.0.0" not in argv and argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert (plan.listen, plan.forward) == ("loopback", "ssh -N -L 8000:127.0.0.1:8000 nvidia@spark-a.local")
+    text = plan.render()
+    assert "0.0.0.0" not in text and "# from your machine: ssh -N -L 8000:127.0.0.1:8000" in text
+    assert "# pitfall: " in text  # the recipe's pitfalls reach the dry run
+
+
+@pytest.mark.parametrize("model, host, endpoint", [
+    (dict(listen="link"), "192.168.100.10", "http://192.168.100.10:8000/v1"),
+    (dict(api_key_env="SPARK_API_KEY"), "0.0.0.0", "http://spark-a.local:8000/v1"),  # a key: the LAN
+    (dict(api_key_env="SPARK_API_KEY", listen="loopback"), "127.0.0.1", "http://127.0.0.1:8000/v1"),
+    (dict(listen="lan", open_without_key=True), "0.0.0.0", "http://spark-a.local:8000/v1"),
+])
+def test_listen_choices(model: dict, host: str, endpoint: str) -> None:
+    plan = serve_plan(with_model(LAB, **model))
+    argv = argv_of(plan)
+    assert argv[argv.index("--host") + 1] == host and plan.endpoint == endpoint
+    open_lan = host == "0.0.0.0" and "api_key_env" not in model
+    assert any("without an API key" in w for w in plan.warnings) is open_lan
+    assert ("# warning: vLLM listens on every interface" in plan.render()) is open_lan
+
+
+def test_host_in_model_args_is_refused_for_listen() -> None:
+    with pytest.raises(ServePlanError, match="model.listen"):
+        serve_plan(with_model(LAB, args=("--host", "0.0.0.0")))
+
+
+def test_idle_spark_warning_is_in_the_dry_run() -> None:
+    plan = serve_plan(with_model(LAB, recipe=None, name="Qwen/Qwen3-30B-A3B", args=("--tensor-parallel-size", "1")))
+    assert "# warning: tensor x pipeline parallel is 1: 1 of 2 Sparks stay idle" in plan.render()

@@ -164,7 +164,7 @@ def test_each_injected_failure_ends_up_with_its_cause(lab, tmp_path: Path, fault
     assert (last["event"], last["cause"], last["phase"]) == ("failed", cause, phase), last
     assert node is None or last["node"] == node, last
     # The node named is the one whose line is the evidence (Ray gives the ip of remote ranks only).
-    if "(RayWorkerWrapper pid=" in last["evidence"]:
+    if "(RayWorkerProc pid=" in last["evidence"]:
         assert last["node"] == ("spark-b" if "ip=192.168.100.11" in last["evidence"] else "spark-a"), last
     assert f"vLLM failed during {phase} on {last['node']}: {cause}" in done.stderr
     assert "Traceback" not in last["evidence"] and last["next_step"]

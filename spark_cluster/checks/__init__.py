@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..facts import NodeFacts
 from ..inventory import Inventory
-from . import cluster, driver, link, resources
+from . import cluster, driver, link, resources, runtime
 from .base import Finding, NodeContext, Severity, blocker
 
 NodeCheck = Callable[[NodeFacts, NodeContext], Iterable[Finding]]
@@ -18,9 +18,20 @@ ClusterCheck = Callable[[Inventory, Mapping[str, NodeFacts]], Iterable[Finding]]
 
 NODE_CHECKS: tuple[NodeCheck, ...] = (
     resources.check_access,
+    runtime.check_runtime,
     driver.check_driver,
     driver.check_next_boot,
     driver.check_rdma_modules,
+    driver.check_kernel_log,
+    driver.check_probes,
+)
+# What a pasted host output can be judged by (`diagnose --host-output`): the checks of one node
+# that need no inventory.
+HOST_CHECKS: tuple[NodeCheck, ...] = (
+    driver.check_driver,
+    driver.check_next_boot,
+    driver.check_rdma_modules,
+    driver.check_kernel_log,
 )
 CLUSTER_CHECKS: tuple[ClusterCheck, ...] = (
     link.check_links,
@@ -56,4 +67,4 @@ def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[Fin
     return findings
 
 
-__all__ = ["CLUSTER_CHECKS", "NODE_CHECKS", "Finding", "Severity", "run_checks"]
+__all__ = ["CLUSTER_CHECKS", "HOST_CHECKS", "NODE_CHECKS", "Finding", "Severity", "run_checks"]

@@ -46,7 +46,9 @@ def check_model_files(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> I
     listed = {n: f.model_files for n, f in facts.items() if f.model_files is not None}
     if not listed or inventory.model is None:
         return
-    name = inventory.model.name
+    from ..facts_probe import model_repo
+
+    name = model_repo(inventory)
     if not any(listed.values()):
         for node in listed:
             yield warning("model.missing", node,

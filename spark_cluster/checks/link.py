@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from ..facts import NodeFacts
 from ..inventory import Inventory
 from .base import Finding, blocker, fix, manual, warning
+from .rdma_ports import ports_with_link
 
 
 def check_links(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
@@ -46,6 +47,18 @@ def check_links(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterato
                 explained.add(key)
                 if admin_down - {spec.name}:
                     continue  # its peer is switched off: that end carries the finding
+                other = ports_with_link(f, (r.interface for r in spec.link.rails))
+                if other:
+                    netdev, hca = other[0]
+                    yield blocker(
+                        "link.wrong-port", spec.name,
+                        f"{rail.interface} has no link on {spec.name}, but {netdev} ({hca}) has: the cable "
+                        "is in the other QSFP port, or the inventory names the wrong one",
+                        f"ip link: {rail.interface} state {interface.operstate} (NO-CARRIER); "
+                        f"RDMA port state: {netdev} has link",
+                        manual(f"move the cable to {rail.interface}'s port (the same port on both Sparks), "
+                               f"or set `interface: {netdev}` and `hca: {hca}` for this rail in the inventory"))
+                    continue
                 yield blocker(
                     "link.down", spec.name,
                     f"{rail.interface} has no carrier on {spec.name}: the QSFP cable is out, "

@@ -18,6 +18,10 @@ COMPETING_ARGS = ("vllm serve", "vllm.entrypoints.cli.main serve", "vllm.entrypo
                   "ComfyUI/main.py", "comfyui")
 # Unified memory: CUDA, the desktop and the OS need some of the 128 GB besides the model.
 HEADROOM = 8 * GIB
+# vLLM's default --gpu-memory-utilization; on unified memory it must find this fraction of the
+# node's whole memory free when it starts ("Free memory on device ... is less than desired GPU
+# memory utilization"), whatever the weights.
+VLLM_DEFAULT_UTILIZATION = 0.9
 MIN_FREE_DISK = 256 * 1024**2
 CLOCK_TOLERANCE_S = 1.0
 
@@ -34,9 +38,45 @@ def competing(processes: tuple[Process, ...]) -> list[Process]:
 
 
 def model_bytes_per_node(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> int | None:
-    """What each node must hold of the weights: the checkpoint split over the nodes."""
+    """What each node must hold of the weights: the checkpoint split over the nodes, or, where no
+    node has it yet, the recipe's measured figure."""
     sizes = [sum(f.model_files.values()) for f in facts.values() if f.model_files]
-    return max(sizes) // len(inventory.nodes) if sizes else None
+    if sizes:
+        return max(sizes) // len(inventory.nodes)
+    recipe = _recipe(inventory)
+    return int(recipe.weights_gib_per_node * GIB) if recipe and recipe.weights_gib_per_node else None
+
+
+def _recipe(inventory: Inventory):  # noqa: ANN202 - Recipe | None
+    model = inventory.model
+    if model is None or not model.recipe:
+        return None
+    from ..recipes import RecipeError, load_recipe
+
+    try:
+        return load_recipe(model.recipe)
+    except RecipeError:
+        return None
+
+
+def gpu_memory_utilization(inventory: Inventory) -> float | None:
+    """The fraction of each node's memory vLLM asks for at start: --gpu-memory-utilization of the
+    plan (vLLM's default 0.9 when unset). None without a servable model."""
+    if inventory.model is None:
+        return None
+    from ..errors import UsageError
+    from ..serve_plan import serve_plan
+
+    try:
+        argv = list(serve_plan(inventory).head.argv)
+    except UsageError:
+        return None
+    if "--gpu-memory-utilization" in argv[:-1]:
+        try:
+            return float(argv[argv.index("--gpu-memory-utilization") + 1])
+        except ValueError:
+            return None
+    return VLLM_DEFAULT_UTILIZATION
 
 
 def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator[Finding]:
@@ -62,12 +102,17 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterat
                    f"ps: {ours[0].pid} {ours[0].args[:80]}", manual("`spark-cluster down` frees it"))
         return
     wanted = (need + HEADROOM) if need else None
+    util = gpu_memory_utilization(ctx.inventory)
+    asked = int(util * memory.total) if util else None
+    why = f"({gib(need or 0)} of weights + {gib(HEADROOM)} headroom)"
+    if asked and (wanted is None or asked > wanted):
+        wanted, why = asked, (f"(vLLM asks --gpu-memory-utilization {util:g} x {gib(memory.total)} free at "
+                              "start on unified memory)")
     if wanted and memory.available < wanted:
         cache = memory.cached + memory.buffers
         yield blocker(
             "memory.low", node,
-            f"{state}; the model needs about {gib(wanted)} per node "
-            f"({gib(need or 0)} of weights + {gib(HEADROOM)} headroom)"
+            f"{state}; the model needs about {gib(wanted)} per node {why}"
             + (f"; {gib(cache)} is page cache, which drop-caches returns" if cache > GIB else ""),
             f"/proc/meminfo: MemAvailable {memory.available // 1024} kB",
             fix("drop-caches") if cache > GIB else manual("stop what uses the memory, or "
@@ -122,8 +167,10 @@ def check_clocks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterat
 
 
 def check_access(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
+    from .driver import WATCHED  # those have their own finding (probe.failed, nvidia-smi-hung)
+
     for name, probe in facts.probes.items():
-        if probe.rc == 124 and probe.err.startswith("timed out after "):
+        if name not in WATCHED and probe.rc == 124 and probe.err.startswith("timed out after "):
             yield warning(
                 "facts.probe-slow", facts.node,
                 f"slow probe {name} on {facts.node}: no answer in {probe.err[16:]}, so what it "

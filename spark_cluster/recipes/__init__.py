@@ -7,6 +7,7 @@ validates one into a frozen ``Recipe``, ``recipe_names()`` lists them. Every pro
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -19,18 +20,21 @@ from types import MappingProxyType
 from typing import Any
 
 import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from spark_cluster.errors import UsageError
 
-__all__ = ["Recipe", "RecipeError", "Reference", "load_recipe", "load_recipe_file", "recipe_names"]
+__all__ = ["Recipe", "RecipeError", "Reference", "Variant", "load_recipe", "load_recipe_file", "recipe_names"]
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 _FLAG = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
 _HF_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_KEYS = {"model", "nodes", "args", "weights_gib_per_node", "reference", "pitfalls", "env"}
-_REQUIRED = _KEYS - {"env"}
+_KEYS = {"model", "nodes", "args", "weights_gib_per_node", "reference", "pitfalls", "env", "vllm"}
+_REQUIRED = _KEYS - {"env", "vllm"}
+_VARIANT_KEYS = {"versions", "image", "args", "env"}
 _REFERENCE_KEYS = {"source", "image", "tok_s", "start_minutes", "notes"}
 
 
@@ -50,6 +54,28 @@ class Reference:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """What one range of vLLM versions needs on top of the recipe's common args and env: vLLM
+    renames its kernel choices between versions (variables in 0.19/0.20, flags from 0.32)."""
+
+    versions: str  # a PEP 440 specifier set, like ">=0.32,<0.34"
+    image: str | None = None  # the NGC image tag known to hold such a vLLM
+    args: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+
+    def covers(self, version: str) -> bool:
+        """``version`` as vLLM reports it (``0.19.0+abc.nv26.04``, ``0.20.1rc1``): release part only."""
+        try:
+            release = Version(".".join(str(n) for n in Version(version).release))
+        except InvalidVersion:
+            return False
+        return SpecifierSet(self.versions).contains(release, prereleases=True)
+
+    def describe(self) -> str:
+        return f"vLLM {self.versions}" + (f" ({self.image})" if self.image else "")
+
+
+@dataclass(frozen=True)
 class Recipe:
     """One validated recipe. ``args`` is ordered (flag, values): ``("--kv-cache-dtype", ("fp8",))``,
     a switch has no values."""
@@ -63,6 +89,30 @@ class Recipe:
     reference: Reference
     pitfalls: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # The vLLM versions the recipe is written for, newest first; empty: it names none.
+    variants: tuple[Variant, ...] = ()
+    variant: Variant | None = None  # set by for_vllm: the one whose spelling args and env hold
+
+    def for_vllm(self, version: str | None) -> Recipe:
+        """The recipe in the spelling of vLLM ``version``: the first variant that covers it, its
+        args merged over the common ones flag by flag and its env over the common env.
+        ``None`` (not known yet, as in a dry run) takes the newest variant. A RecipeError names
+        the versions the recipe knows when none covers ``version``."""
+        if not self.variants:
+            return self
+        if version is None:
+            chosen = self.variants[0]
+        else:
+            chosen = next((v for v in self.variants if v.covers(version)), None)
+            if chosen is None:
+                known = "; ".join(v.describe() for v in self.variants)
+                raise RecipeError(f"recipe {self.name} is not written for vLLM {version}: it knows {known}. "
+                                  "Use an image or environment with one of those, or add a variant for "
+                                  f"{version} to {Path(self.path).name}")
+        args = dict(self.args)
+        args.update(chosen.args)
+        return dataclasses.replace(self, args=tuple(args.items()), env=MappingProxyType({**self.env, **chosen.env}),
+                                   variant=chosen)
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -148,9 +198,41 @@ def _parse(data: Any, path: Path, problems: list[str]) -> Recipe | None:
     if "pitfalls" in data and not (isinstance(pitfalls, list) and all(_is_text(p) for p in pitfalls)):
         problems.append("pitfalls must be a list of one-line texts")
     env = _parse_env(data.get("env", {}), problems)
+    variants = _parse_variants(data.get("vllm", []), problems)
     if problems or args is None or reference is None:
         return None
-    return Recipe(path.stem, str(path), model, nodes, args, float(weights), reference, tuple(pitfalls), env)
+    return Recipe(path.stem, str(path), model, nodes, args, float(weights), reference, tuple(pitfalls), env,
+                  variants)
+
+
+def _parse_variants(value: Any, problems: list[str]) -> tuple[Variant, ...]:
+    if not isinstance(value, list):
+        problems.append("vllm must be a list of {versions, image, args, env}, newest first")
+        return ()
+    variants = []
+    for i, item in enumerate(value):
+        where = f"vllm[{i}]"
+        if not isinstance(item, dict):
+            problems.append(f"{where} must be a mapping with versions (like '>=0.32,<0.34'), got {_kind(item)}")
+            continue
+        for key in item:
+            if key not in _VARIANT_KEYS:
+                problems.append(f"unknown key {where}.{key}; allowed: {', '.join(sorted(_VARIANT_KEYS))}")
+        spec = item.get("versions")
+        try:
+            if not (isinstance(spec, str) and spec.strip()):
+                raise InvalidSpecifier(str(spec))
+            SpecifierSet(spec)
+        except InvalidSpecifier:
+            problems.append(f"{where}.versions must be a version range like '>=0.32,<0.34', got {spec!r}")
+            continue
+        image = item.get("image")
+        if image is not None and not _is_text(image):
+            problems.append(f"{where}.image must be one line of text")
+        args = _parse_args(item.get("args", {}), problems)
+        env = _parse_env(item.get("env", {}), problems)
+        variants.append(Variant(spec, image, args or (), env))
+    return tuple(variants)
 
 
 def _parse_args(value: Any, problems: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...] | None:

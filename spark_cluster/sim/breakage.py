@@ -14,7 +14,9 @@ from ..errors import LabError
 from . import netns
 from .faults import FAULTS, apply_fault, heal
 from .lab import LOGIN_USER, Lab, LabNode, pid_alive, sudoers_rule
-from .state import locked_state
+from .cabling import OTHER_PORT, swap_ports
+from .history import unattended_run, write_history
+from .state import locked_state, userspace_driver
 
 HOME = f"/home/{LOGIN_USER}"
 FILLER = f"{HOME}/.cache/.spark-lab-filler"
@@ -62,6 +64,11 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
             raise LabError(f"{name}: the memory hog did not start")
         done = f"{name}: `ollama` (pid {ready[1]} on {name}) holds most of the unified memory"
         return done
+    elif fault == "cable-other-port":
+        swap_ports(name)
+        done = f"{name}: the cable of {rail0} is in the other port ({OTHER_PORT}); {rail0} has no carrier"
+    elif fault == "auto-upgrade":
+        done = f"{name}: unattended-upgrades upgraded the driver under the loaded module"
     elif fault == "disk-full":
         filled = in_node(node, ["sh", "-c",
                                 f"avail=$(df --output=avail -B1 {HOME}/.cache | tail -n 1);"
@@ -78,13 +85,22 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
     else:
         done = f"{name}: {fault}"
     with locked_state(node.paths) as state:
+        before = userspace_driver(state)
         _replace(state, apply_fault(state, fault))
+        after = userspace_driver(state)
+    if fault == "auto-upgrade":
+        write_history(node.paths, unattended_run(before or "", after or ""))
     return done
 
 
 def heal_node(lab: Lab, name: str) -> str:
     """Undo every fault on a node, live and in its state."""
     node = lab.node(name)
+    with locked_state(node.paths) as state:
+        swapped = "cable-other-port" in state["faults"]
+    if swapped:
+        swap_ports(name)
+    write_history(node.paths, "")
     for rail in netns.RAILS:
         netns.set_link(name, rail.interface, mtu=netns.LINK_MTU, up=True)
     in_node(node, ["rm", "-f", FILLER])

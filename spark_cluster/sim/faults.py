@@ -13,6 +13,14 @@ the real breakage leaves, so the real repair, run through the stand-ins, undoes 
     module-unloaded  nvidia_uvm not loaded -> modprobe nvidia_uvm
     memory-hog       `ollama` holding 104 GiB -> stop it (the lab owns the process)
     clock-skew       clock 7.5 s ahead -> date -s / NTP
+    proprietary-modules  the proprietary module package in place of the open one, loaded; the
+                     kernel log says RmInitAdapter failed -> install the open one, reboot
+    run-kernel-update    nvidia.ko and userspace from NVIDIA's .run installer (no packages, no
+                     DKMS), then a kernel update and reboot -> rerun the installer (by hand)
+    auto-upgrade     driver-mismatch done by unattended-upgrades, in the node's apt history
+                     (written by the lab) -> reboot; hold the packages
+    nvidia-smi-hung  the driver is stuck: nvidia-smi never answers -> reboot
+    cable-other-port done live by the lab (the cable end moves to the other QSFP port)
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ from __future__ import annotations
 
 from spark_cluster.sim.state import (
     DRIVERS, GIB_KIB, HWE_METAS, KERNELS, NVIDIA_MODULES, USERSPACE, add_consumer, healthy_state,
-    kernel_records, meta_records, module_driver, module_package, module_record, userspace_driver,
-    userspace_records,
+    kernel_records, meta_records, module_driver, module_package, module_record, module_source,
+    proprietary_package, userspace_driver, userspace_records,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
@@ -29,7 +37,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 FAULTS: tuple[str, ...] = ("kernel-update", "driver-mismatch", "module-unloaded", "link-down", "mtu",
-                           "memory-hog", "disk-full", "clock-skew", "sudo-password", "docker-group")
+                           "memory-hog", "disk-full", "clock-skew", "proprietary-modules", "run-kernel-update",
+                           "auto-upgrade", "nvidia-smi-hung", "cable-other-port",
+                           "sudo-password", "docker-group")
+ADAPTER_FAILED = "NVRM: GPU 000f:01:00.0: RmInitAdapter failed! (0x62:0x1a:2631)"
 HOG = "ollama"
 HOG_KIB = 104 * GIB_KIB
 SKEW_S = 7.5
@@ -101,8 +112,46 @@ def _clock_skew(state: dict[str, Any], seconds: float = SKEW_S) -> None:
     state["clock"]["offset_s"] = float(seconds)
 
 
+def _proprietary_modules(state: dict[str, Any]) -> None:
+    kver = state["kernel"]["running"]
+    packages = state["packages"]
+    open_rec = packages.pop(module_package(kver), None) or module_record(kver, userspace_driver(state) or "580.142")
+    closed = dict(open_rec, description=open_rec["description"].replace("nvidia modules", "nvidia modules (proprietary)"))
+    packages[proprietary_package(kver)] = closed
+    state["archive"].setdefault(proprietary_package(kver), [closed])
+    state["driver"]["loaded"] = closed["driver"]
+    state["driver"]["flavour"] = "proprietary"
+    state["modules"]["loaded"] += [m for m in NVIDIA_MODULES if m not in state["modules"]["loaded"]]
+    state.setdefault("kernel_events", []).append([9.512201, ADAPTER_FAILED])
+    state["kernel_events"].append([9.512340, "NVRM: GPU 000f:01:00.0: rm_init_adapter failed, device minor number 0"])
+
+
+def _run_kernel_update(state: dict[str, Any], to: str | None = None) -> None:
+    """NVIDIA's .run installer owns the driver: no module or userspace packages, nothing rebuilds
+    nvidia.ko for a new kernel. Then `apt upgrade` took a kernel and the node rebooted into it."""
+    old = state["kernel"]["running"]
+    version = userspace_driver(state) or "580.142"
+    packages = state["packages"]
+    for name in [n for n in packages if n.startswith(("linux-modules-nvidia-", "nvidia-", "libnvidia-"))
+                 and n not in ("nvidia-container-toolkit", "nvidia-container-toolkit-base")]:
+        del packages[name]
+    state["driver"]["run"] = {"version": version, "kernels": [old], "flavour": "open"}
+    _kernel_update(state, to)
+
+
+def _auto_upgrade(state: dict[str, Any], to: str | None = None) -> None:
+    if not in_force(state, "driver-mismatch"):  # the same break; the lab writes who did it in apt's history
+        _driver_mismatch(state, to)
+
+
+def _smi_hung(state: dict[str, Any]) -> None:
+    state["driver"]["hung"] = True
+
+
 _APPLY = {"kernel-update": _kernel_update, "driver-mismatch": _driver_mismatch,
-          "module-unloaded": _module_unloaded, "memory-hog": _memory_hog, "clock-skew": _clock_skew}
+          "module-unloaded": _module_unloaded, "memory-hog": _memory_hog, "clock-skew": _clock_skew,
+          "proprietary-modules": _proprietary_modules, "run-kernel-update": _run_kernel_update,
+          "auto-upgrade": _auto_upgrade, "nvidia-smi-hung": _smi_hung}
 
 
 def apply_fault(state: dict[str, Any], fault: str, **details: Any) -> dict[str, Any]:
@@ -147,6 +196,14 @@ def in_force(state: dict[str, Any], fault: str) -> bool:
         return HOG in state["memory"]["consumers"]
     if fault == "clock-skew":
         return float(state["clock"]["offset_s"]) != 0.0
+    if fault == "proprietary-modules":
+        return state["driver"].get("flavour") == "proprietary" or (module_source(state, kver) or ("", ""))[1] != "open"
+    if fault == "run-kernel-update":
+        return module_driver(state, kver) is None or "nvidia" not in loaded
+    if fault == "auto-upgrade":
+        return in_force(state, "driver-mismatch")
+    if fault == "nvidia-smi-hung":
+        return bool(state["driver"].get("hung"))
     return True
 
 

@@ -6,6 +6,7 @@ a known_hosts file and a key, and reaches every node over real SSH.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LabError
+from . import engine as engines
 from . import netns
 from .checkpoint import REPO as CHECKPOINT_REPO
 from .checkpoint import write_checkpoint
@@ -29,6 +31,7 @@ from .state import healthy_state, render, save_state, write_etc, write_wrappers
 SSHD = "/usr/sbin/sshd"
 LAB_FILE = "lab.json"
 CACHE_SIZE = "1g"
+SHM_SIZE = "2g"  # tmpfs: only what is written counts
 REQUIRED_TOOLS = {
     "ip": "iproute2",
     "ssh-keygen": "openssh-client",
@@ -205,6 +208,21 @@ def _code_under_root() -> list[Path]:
     return [p if p.is_dir() else p.parent for p in _code_under(Path("/root"), depth=3)]
 
 
+def _private_mounts(paths: NodePaths) -> list[str]:
+    """What two machines never share: fresh per-node shared memory (vLLM's mp executor decides
+    which ranks share a machine by what they see in /dev/shm: with one /dev/shm the two nodes
+    look like one machine and the head waits forever for a reader that is not there), the
+    files kept across reboots, the users' runtime directories. SysV IPC and POSIX message
+    queues are the node's own through its IPC namespace (`unshare --ipc`)."""
+    q = shlex.quote
+    return [
+        f"mount -t tmpfs -o size={SHM_SIZE},mode=1777 spark-lab-shm /dev/shm",
+        f"mount --bind {q(str(paths.var_tmp))} /var/tmp",
+        "[ ! -d /run/user ] || mount -t tmpfs -o mode=0755 spark-lab-run-user /run/user",
+        "[ ! -d /dev/mqueue ] || mount -t mqueue spark-lab-mqueue /dev/mqueue",
+    ]
+
+
 def _boot_script(name: str, paths: NodePaths) -> str:
     """What runs inside the node's new mount and UTS namespaces before its init takes over."""
     places = _code_under_tmp() + _code_under_root()
@@ -224,9 +242,15 @@ def _boot_script(name: str, paths: NodePaths) -> str:
             f"mount --bind {q(str(paths.bin))} /usr/local/bin",
             f"mount --bind {q(str(paths.proc_driver))} /proc/driver",
             f"mount --bind {q(str(paths.meminfo))} /proc/meminfo",
+            # The node's own kernel modules and apt history, not this machine's.
+            f"mkdir -p /lib/modules && mount --bind {q(str(paths.root / 'lib-modules'))} /lib/modules",
+            f"mkdir -p /var/log/apt && mount --bind {q(str(paths.root / 'var-log-apt'))} /var/log/apt",
+            f"[ ! -d /var/log/unattended-upgrades ] || mount --bind {q(str(paths.root / 'var-log-apt'))} "
+            "/var/log/unattended-upgrades",
             "mount -t overlay spark-lab-etc -o "
             + q(f"lowerdir=/etc,upperdir={paths.etc_upper},workdir={paths.etc_work}") + " /etc",
             f"mount --bind {q(str(paths.tmp))} /tmp",
+            *_private_mounts(paths),
             *(f"mkdir -p {q(str(src))} && mount --bind {q(str(view))} {q(str(src))}"
               for src, view in keep),
             *_login_home(paths),
@@ -399,10 +423,15 @@ def _prepare_node(name: str, index: int, lab_root: Path, ids: LoginIds | None = 
                   password_hash: str = "*", reboot_s: float = DEFAULT_REBOOT_S) -> NodePaths:
     paths = NodePaths.for_node(name, lab_root)
     for directory in (paths.root, paths.bin, paths.proc_driver, paths.etc_upper,
-                      paths.etc_work, paths.tmp, paths.ssh, paths.log):
+                      paths.etc_work, paths.tmp, paths.var_tmp, paths.ssh, paths.log):
         directory.mkdir(parents=True, exist_ok=True)
     paths.tmp.chmod(0o1777)
+    paths.var_tmp.chmod(0o1777)
+    # Each machine has its own identity (systemd, D-Bus and telemetry key on it).
+    (paths.etc_upper / "machine-id").write_text(hashlib.md5(f"spark-lab {name}".encode()).hexdigest() + "\n")
     (paths.root / "empty-rc").write_text("")
+    (paths.root / "var-log-apt").mkdir(parents=True, exist_ok=True)
+    (paths.root / "var-log-apt" / "history.log").write_text("")
     state = healthy_state(name, index)
     for image in state["docker"]["images"].values():
         # The vLLM image's PATH, where its python3 and ray are (the lab's Python stands in).
@@ -439,7 +468,7 @@ def _start_sshd(name: str, paths: NodePaths) -> tuple[int, int]:
     log = (paths.log / "sshd.log").open("ab")
     proc = subprocess.Popen(
         ["ip", "netns", "exec", netns.namespace(name),
-         "unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc",
+         "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--mount-proc",
          "--propagation", "private", "sh", "-c", _boot_script(name, paths)],
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -471,11 +500,23 @@ def _port_open(address: str, port: int = 22) -> bool:
         return False
 
 
-def render_inventory(lab_root: Path, names: list[str]) -> str:
-    """The inventory of a lab of these nodes; inventories/sim.yaml is this for two."""
-    lines = [
+def _engine_cluster_lines(lab_root: Path, engine: str) -> list[str]:
+    if engine == "real":
+        env = ", ".join(f"{k}: {v!r}" if v.isdigit() else f"{k}: {v}" for k, v in engines.REAL_ENV_VARS.items())
+        return [
+            "# The real vLLM (its CPU build) with vLLM's own multi-node mode: its CPU platform has no Ray executor.",
+            "# Written by `spark-cluster lab up --engine real --inventory-out FILE`; see docs/lab.md.",
+            "cluster:",
+            "  name: sim",
+            "  runtime: host",
+            f"  python: {engines.real_python()}",
+            "  ray_port: 6379",
+            "  executor: mp",
+            "  env: {" + env + "}",
+        ]
+    return [
         "# The simulated lab: `spark-cluster lab up` creates these nodes, key and known_hosts.",
-        "# Written by `spark-cluster lab up --inventory-out FILE`; see docs/inventory.md.",
+        "# Written by `spark-cluster lab up --engine emulator --inventory-out FILE`; see docs/inventory.md.",
         "cluster:",
         "  name: sim",
         "  runtime: host",
@@ -484,9 +525,17 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
         "  ray_port: 6379",
         "  executor: ray",
         # The emulator reads its shards at this pace, so the weight load can be watched, and
-        # each rank holds seed 003's weights in its node's memory (57.64 GiB), not the 12 MiB it read;
+        # each rank holds seed 003's weights in its node's memory (57.64 GiB), not the few MiB it read;
         # the compile takes long enough to be seen as a phase of its own.
         "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}",
+    ]
+
+
+def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator") -> str:
+    """The inventory of a lab of these nodes; inventories/sim.yaml is this for two with the
+    emulator, inventories/sim-real.yaml with the real engine."""
+    lines = [
+        *_engine_cluster_lines(lab_root, engine),
         "  ssh:",
         "    host_key_policy: strict",
         f"    known_hosts: {lab_root / 'known_hosts'}",
@@ -511,21 +560,29 @@ def render_inventory(lab_root: Path, names: list[str]) -> str:
                 f"          hca: {rail.hca}",
                 f"          address: {netns.rail_address(rail, i)}",
             ]
-    lines += [
-        "model:",
-        f"  name: {CHECKPOINT_REPO}",
-        f"  hf_cache: /home/{LOGIN_USER}/.cache/huggingface",
-        "",
-    ]
+    lines += ["model:", f"  name: {CHECKPOINT_REPO}"]
+    if engine == "real":
+        args = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
+                         for k, v in engines.REAL_ARGS.items())
+        lines.append("  args: {" + args + "}")
+    lines += [f"  hf_cache: /home/{LOGIN_USER}/.cache/huggingface",
+              "  # The lab's network is this machine's own: its API is open there on purpose.",
+              "  # On real Sparks leave listen out (loopback, through SSH) or set api_key_env.",
+              "  listen: lan", "  open_without_key: true", ""]
     return "\n".join(lines)
 
 
 def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_ROOT,
-       timeout_s: float = 15.0, reboot_s: float | None = None) -> tuple[Lab, bool]:
+       timeout_s: float = 15.0, engine: str = "emulator",
+       reboot_s: float | None = None) -> tuple[Lab, bool]:
     """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept
-    (with `reboot_s`, the seconds its nodes stay down in a reboot, changed when given)."""
+    (with `reboot_s`, the seconds its nodes stay down in a reboot, changed when given).
+
+    Both engines are on every node of any lab; `engine` picks the one the inventory names, and
+    is refused here, before anything starts, where it cannot run."""
     require_root()
     _require_tools()
+    engines.require(engine)
     if not 1 <= count <= 26:
         raise LabError(f"--nodes must be between 1 and 26, not {count}")
     existing = load_lab(lab_root)
@@ -534,7 +591,7 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
             if reboot_s is not None:
                 set_reboot_seconds(existing, reboot_s)
             if inventory_out is not None:
-                _write_inventory(inventory_out, lab_root, [n.name for n in existing.nodes])
+                _write_inventory(inventory_out, lab_root, [n.name for n in existing.nodes], engine)
             return existing, False
         if len(existing.nodes) != count:
             raise LabError(
@@ -578,7 +635,7 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
                 raise LabError(f"{node.name}: sshd did not start:\n{log[-2000:]}")
         _write_known_hosts(lab)
         if inventory_out is not None:
-            _write_inventory(inventory_out, lab_root, names)
+            _write_inventory(inventory_out, lab_root, names, engine)
         return lab, True
     except BaseException:
         down(lab_root)
@@ -605,9 +662,9 @@ def _write_known_hosts(lab: Lab) -> None:
     lab.known_hosts.write_text("\n".join(lines) + "\n")
 
 
-def _write_inventory(path: Path, lab_root: Path, names: list[str]) -> None:
+def _write_inventory(path: Path, lab_root: Path, names: list[str], engine: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_inventory(lab_root, names))
+    path.write_text(render_inventory(lab_root, names, engine))
 
 
 def _kill_namespace(ns: str, deadline_s: float = 10.0) -> list[int]:

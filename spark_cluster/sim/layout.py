@@ -9,6 +9,8 @@ the lab binds a few of the node's own files over the system's, so that the real 
     /proc/meminfo        <- NodePaths.meminfo      a Spark's 128 GB of unified memory
     /etc                 <- overlay, upper = NodePaths.etc_upper (dgx-release, os-release, netplan)
     /tmp                 <- NodePaths.tmp
+    /var/tmp             <- NodePaths.var_tmp
+    /dev/shm, /run/user  <- fresh tmpfs mounts (and /dev/mqueue, where it exists)
     /proc/sys/kernel/random/boot_id <- NodePaths.root/boot_id  new at each of the node's reboots
     /root, /home         <- the node's own (tmpfs); code under /root is bound back at its path
     /home/nvidia/.cache  <- a size-limited tmpfs (the HF cache lives under it; `disk-full` fills it)
@@ -75,6 +77,10 @@ class NodePaths:
     @property
     def tmp(self) -> Path:
         return self.root / "tmp"
+
+    @property
+    def var_tmp(self) -> Path:
+        return self.root / "var-tmp"
 
     @property
     def ssh(self) -> Path:

@@ -32,7 +32,7 @@ from spark_cluster.sim.state import add_consumer, load_state, locked_state, prun
 
 # Names nvidia-smi shows for vLLM's GPU processes: a Ray actor's process title, and the engine
 # process vLLM titles itself (setproctitle "VLLM::EngineCore") when it runs the model in-process.
-RAY_WORKER = "ray::RayWorkerWrapper"
+RAY_WORKER = "ray::RayWorkerProc"
 ENGINE_CORE = "VLLM::EngineCore"
 MIN_INTERVAL_S = 0.25  # the state lock is a flock shared with every stand-in: a few writes a second
 

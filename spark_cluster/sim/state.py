@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # kept out of the stand-ins' start-up: they import this modul
 
 TOOLS: tuple[str, ...] = (
     "nvidia-smi", "uname", "lsmod", "modinfo", "modprobe", "rmmod", "dpkg-query", "dpkg",
-    "apt-get", "apt", "ibdev2netdev", "docker", "date", "reboot",
+    "apt-get", "apt", "ibdev2netdev", "docker", "date", "reboot", "journalctl", "dmesg", "rdma",
+    "apt-mark",
 )
 
 # Kernels the simulated archive knows, oldest first. Only the 1014 build string is copied
@@ -246,15 +247,36 @@ def installed_kernels(state: dict[str, Any]) -> list[str]:
     return sorted(found, key=lambda k: [int(p) for p in k.split("-")[0].split(".")] + [int(k.split("-")[1])])
 
 
+def proprietary_package(kver: str) -> str:
+    return f"linux-modules-nvidia-{BRANCH}-{kver}"
+
+
+def module_source(state: dict[str, Any], kver: str) -> tuple[str, str, str] | None:
+    """(driver build, flavour, path under /lib/modules/<kver>) of the nvidia.ko installed for `kver`:
+    Ubuntu's open package, its proprietary one, or NVIDIA's .run installer (state["driver"]["run"])."""
+    for name, flavour, folder in ((module_package(kver), "open", f"kernel/nvidia-{BRANCH}-open"),
+                                  (proprietary_package(kver), "proprietary", f"kernel/nvidia-{BRANCH}")):
+        rec = state["packages"].get(name)
+        if rec:
+            return rec["driver"], flavour, f"{folder}/nvidia.ko"
+    run = state["driver"].get("run")
+    if run and kver in run.get("kernels", ()):
+        return run["version"], run.get("flavour", "open"), "kernel/drivers/video/nvidia.ko"
+    return None
+
+
 def module_driver(state: dict[str, Any], kver: str) -> str | None:
     """The driver build of the nvidia.ko installed for `kver`, or None if there is none."""
-    rec = state["packages"].get(module_package(kver))
-    return rec["driver"] if rec else None
+    source = module_source(state, kver)
+    return source[0] if source else None
 
 
 def userspace_driver(state: dict[str, Any]) -> str | None:
     rec = state["packages"].get("nvidia-utils-580")
-    return rec["driver"] if rec else None
+    if rec:
+        return rec["driver"]
+    run = state["driver"].get("run")
+    return run["version"] if run else None
 
 
 def process_start(pid: int | None) -> int | None:
@@ -382,8 +404,9 @@ def render_meminfo(state: dict[str, Any]) -> str:
                    for name, value in rows)
 
 
-def render_proc_driver_version(driver: str) -> str:
-    return (f"NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  {driver}  Release Build  "
+def render_proc_driver_version(driver: str, flavour: str = "open") -> str:
+    kind = "Open Kernel Module" if flavour == "open" else "Kernel Module"
+    return (f"NVRM version: NVIDIA UNIX {kind} for aarch64  {driver}  Release Build  "
             f"(dvs-builder@U22-I3-AF04-07-5)  {DRIVERS.get(driver, 'Wed Jan  7 22:35:57 UTC 2026')}\n"
             "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04) \n")
 
@@ -407,7 +430,7 @@ def render(state: dict[str, Any], paths: NodePaths) -> None:
     if "nvidia" in state["modules"]["loaded"] and loaded:
         gpu_dir = nvidia / "gpus" / state["gpu"]["bus_id"].lower()
         gpu_dir.mkdir(parents=True, exist_ok=True)
-        _write_changed(nvidia / "version", render_proc_driver_version(loaded))
+        _write_changed(nvidia / "version", render_proc_driver_version(loaded, state["driver"].get("flavour", "open")))
         _write_changed(gpu_dir / "information", 
             f"Model: \t\t {state['gpu']['name']}\nIRQ:   \t\t 157\nGPU UUID: \t {state['gpu']['uuid']}\n"
             f"Video BIOS: \t {state['gpu']['vbios'].lower()}\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
@@ -418,6 +441,9 @@ def render(state: dict[str, Any], paths: NodePaths) -> None:
             p.rmdir() if p.is_dir() else p.unlink()
         nvidia.rmdir()
     _rewrite_in_place(paths.meminfo, render_meminfo(state))
+    from spark_cluster.sim.module_files import render_modules
+
+    render_modules(state, paths)
 
 
 def render_dgx_release(state: dict[str, Any]) -> str:

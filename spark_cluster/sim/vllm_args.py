@@ -10,7 +10,16 @@ from __future__ import annotations
 import argparse
 
 VERSION = "0.19.0"
-KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4",
+                   "fp8_per_token_head")  # the last two: 0.33
+# 0.33's KernelConfig choices (vllm/config/kernel.py); vLLM lower-cases them and reads '-' as '_'.
+MOE_BACKENDS = ("auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass", "flashinfer_trtllm",
+                "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl", "flashinfer_b12x", "b12x",
+                "flashinfer_moe_ep_mega_deep_gemm", "marlin", "humming", "triton_unfused", "aiter", "aiter_mega_moe",
+                "aiter_triton_mxfp4_bf16", "flydsl", "hpc", "emulation", "rdna3")
+LINEAR_BACKENDS = ("auto", "cutlass", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm",
+                   "flashinfer_cudnn", "flashinfer_b12x", "b12x", "marlin", "humming", "triton", "deep_gemm", "torch",
+                   "aiter", "machete", "fbgemm", "conch", "exllama", "emulation", "xpu", "xpu_woq")
 LOAD_FORMATS = ("auto", "hf", "bitsandbytes", "dummy", "fastsafetensors", "gguf", "instanttensor", "mistral",
                 "npcache", "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state",
                 "tensorizer")
@@ -37,6 +46,18 @@ def _int_or_auto(value: str) -> int:
     return int(v)
 
 
+def _human_int(value: str) -> int:
+    """vLLM's human_readable_int: 8k, 1K, 2M (lower case: powers of 1000, upper: of 1024)."""
+    number = _int_or_auto(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}")
+    return number
+
+
+def _backend(value: str) -> str:
+    return value.lower().replace("-", "_")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="subcommand", required=True)
@@ -48,11 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--host", default=None)
     a("--port", type=int, default=8000)
     a("--served-model-name", nargs="+", default=None)
-    a("--api-key", default=None)
+    a("--api-key", nargs="+", default=None)
     a("--tensor-parallel-size", "-tp", type=int, default=1)
     a("--pipeline-parallel-size", "-pp", type=int, default=1)
     a("--data-parallel-size", "-dp", type=int, default=1)
-    a("--enable-expert-parallel", "-ep", action="store_true", default=False)
+    switch = argparse.BooleanOptionalAction  # vLLM's switches take --no-x too
+    a("--enable-expert-parallel", "-ep", action=switch, default=False)
+    a("--disable-expert-parallel", dest="enable_expert_parallel", action="store_false")  # 0.33's other spelling
     a("--distributed-executor-backend", choices=BACKENDS, default=None)
     a("--quantization", "-q", default=None)
     a("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
@@ -60,15 +83,29 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-cache-memory-bytes", default=None)
     a("--max-model-len", type=_int_or_auto, default=None)
     a("--max-num-seqs", type=int, default=None)
-    a("--max-num-batched-tokens", type=int, default=None)
+    a("--max-num-batched-tokens", type=_human_int, default=None)
     a("--attention-backend", default=None)
     a("--nnodes", "-n", type=int, default=1)
     a("--node-rank", "-r", type=int, default=0)
     a("--master-addr", default="127.0.0.1")
     a("--master-port", type=int, default=29501)
     a("--headless", action="store_true", default=False)
-    a("--trust-remote-code", action="store_true", default=False)
-    a("--enforce-eager", action="store_true", default=False)
+    a("--trust-remote-code", action=switch, default=False)
+    a("--enforce-eager", action=switch, default=False)
+    a("--moe-backend", type=_backend, choices=MOE_BACKENDS, default="auto")
+    a("--linear-backend", type=_backend, choices=LINEAR_BACKENDS, default="auto")
+    a("--compilation-config", "-O", default=None)  # JSON or a level: -O3, -O 3
+    a("--speculative-config", default=None)
+    a("--enable-chunked-prefill", action=switch, default=None)
+    a("--async-scheduling", action=switch, default=None)
+    a("--block-size", type=int, default=None)
+    a("--disable-custom-all-reduce", action="store_true", default=False)
+    a("--disable-log-stats", action="store_true", default=False)
+    a("--enable-log-requests", action=switch, default=False)
+    a("--tool-call-parser", default=None)
+    a("--reasoning-parser", default=None)
+    a("--enable-auto-tool-choice", action=switch, default=False)
+    a("--chat-template", default=None)
     a("--load-format", choices=LOAD_FORMATS, default="auto")
     a("--safetensors-load-strategy", choices=("lazy", "eager", "prefetch", "torchao"), default=None)
     a("--download-dir", default=None)

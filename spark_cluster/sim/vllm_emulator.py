@@ -2,8 +2,8 @@
 spark_cluster.sim.vllm_emulator serve MODEL [ARGS]`.
 
 What is real: argument parsing with vLLM's flag names (`vllm_args`), the HF-cache model lookup,
-`ray.init` against the running cluster, a placement group of TP×PP `{"GPU": 1}` bundles (bundle 0
-pinned to the driver node, as 0.19 does), one Ray actor of class `RayWorkerWrapper` per bundle
+`ray.init` against the running cluster, a PACK placement group of TP×PP `{"GPU": 1}` bundles, the
+driver's bundles first (vLLM 0.33's Ray executor), one Ray actor of class `RayWorkerProc` per bundle
 (`num_cpus=0, num_gpus=1`) that reads its 1/world share of every safetensors shard from its own
 node's disk in chunks, paced by `SPARK_LAB_LOAD_MBPS` (MB/s, default 200), and the HTTP server of
 `vllm_api.serve_api`. What is modelled: everything GPU (compile, KV cache, CUDA graphs).
@@ -11,16 +11,18 @@ node's disk in chunks, paced by `SPARK_LAB_LOAD_MBPS` (MB/s, default 200), and t
 The log lines are vLLM 0.19.0's (facts/vllm-ray.md §1-§3): `LEVEL MM-DD HH:MM:SS [file.py:NN] msg`
 on stdout; every line of this process carries `(APIServer pid=N) ` or `(EngineCore pid=N) ` as 0.19's
 `decorate_logs` does (the engine runs in this same process here, so both pids are this one's);
-worker lines arrive through Ray's own log forwarding as `(RayWorkerWrapper pid=W[, ip=X]) …`;
+worker lines arrive through Ray's own log forwarding as `(RayWorkerProc pid=W[, ip=X]) (Worker_TP1 pid=W) …`;
+the Ray executor follows 0.33: each rank gets the driver's whole environment less the non-carry-over
+list, applied with setdefault, and a rank's error reaches the driver as a `RayTaskError`;
 the rank-0 worker prints the tqdm shard bar on stderr in tqdm's non-TTY form.
 Executors: Ray, a single-GPU `uni`/`mp` run, and vLLM's own multi-node mode (`--nnodes N
 --node-rank R --master-addr A --master-port P`, `--headless` on ranks > 0: the `mp` executor across
 nodes, no Ray), whose rendezvous, headless side and log lines live in `vllm_mp` (its docstring says
 which lines are vLLM's and which are modelled). The ranks are `vllm_worker.Worker`s, wrapped per executor:
-`RayWorkerWrapper` (a Ray actor), `vllm_mp.MpWorker` (a thread logging as `(Worker_TP1 pid=N)`).
+`RayWorkerProc` (a Ray actor), `vllm_mp.MpWorker` (a thread logging as `(Worker_TP1 pid=N)`).
 
 Memory: each rank records itself on its own lab node (node_memory) as a GPU process, named as
-nvidia-smi names vLLM's (`ray::RayWorkerWrapper`; `VLLM::EngineCore` for the in-process engine;
+nvidia-smi names vLLM's (`ray::RayWorkerProc`; `VLLM::EngineCore` for the in-process engine;
 `VLLM::Worker_TP1` for an mp rank):
 its share so far of the weights while it loads, then --gpu-memory-utilization × the node's total
 memory once the KV cache is sized; freed at shutdown, forgotten once its process is gone.
@@ -30,8 +32,8 @@ default 10), `SPARK_LAB_LOAD_MBPS`, `SPARK_LAB_WEIGHTS_GIB` (the GiB each rank r
 the bytes it read), `SPARK_LAB_RATE_SCALE`, `SPARK_LAB_LOCAL_GPUS` (GPUs "visible" here, default 1),
 `SPARK_LAB_COMPILE_S` (seconds of torch.compile per rank, default 1; CUDA graphs take half),
 `SPARK_LAB_ROOT` (where the lab's nodes live), `VLLM_API_KEY` (the API key when `--api-key` is absent),
-`VLLM_PG_TIMEOUT_S` (default 1800), `VLLM_DISTRIBUTED_EXECUTOR_CONFIG` (JSON, its
-`placement_group_options.strategy`), `VLLM_HOST_IP`, `RAY_ADDRESS`, and `SPARK_LAB_FAULT`:
+`VLLM_CONFIG_ROOT` (where `ray_non_carry_over_env_vars.json` is read, default ~/.config/vllm),
+`VLLM_HOST_IP`, `RAY_ADDRESS`, and `SPARK_LAB_FAULT`:
 `crash-at:P` (rank 1 raises at P % of its load), `nccl`, `cuda-oom`, `kv-cache`, `hang`
 (stops at half the load, prints nothing more, keeps running), `silent-death` (exit 137 after
 loading, no error line); in mp mode as `vllm_mp` says, with `SPARK_LAB_MP_TIMEOUT_S`.
@@ -57,15 +59,17 @@ from spark_cluster.sim.vllm_worker import (  # noqa: F401 - vllm_mp and the test
     PREFIX,
     VERSION,
     EngineFailed,
-    RayWorkerWrapper,
+    RayWorkerProc,
     Worker,
     _host_ip,
     bar_line,
     compile_seconds,
+    driver_env_vars,
     fatal_traceback as _fatal_traceback,
     hub_dir,
     invalid_repo_message,
     log,
+    non_carry_over,
     resolve_model,
     shard_files,
 )
@@ -90,6 +94,9 @@ def _engine_config_str(args: argparse.Namespace, served: str, max_len: int, back
             f"enable_prefix_caching=True, enable_chunked_prefill=True")
 
 
+PG_WAIT_TIMEOUT = 1800  # seconds; a constant in vllm/v1/executor/ray_utils.py, no variable sets it
+
+
 class Engine:
     def __init__(self, args: argparse.Namespace, snapshot: Path, backend: str, world: int) -> None:
         self.args, self.snapshot, self.backend, self.world = args, snapshot, backend, world
@@ -103,31 +110,24 @@ class Engine:
         self.max_len = 8192
         self.t_init = time.monotonic()
 
-    # The placement group, as vllm/v1/executor/ray_utils.py (0.19) builds it.
+    # The placement group, as vllm/v1/executor/ray_utils.py (0.33) builds it: `{GPU: 1}` x world,
+    # PACK, no bundle pinned to the driver's node (the driver's bundles are put first afterwards).
     def _placement_group(self, ray: Any) -> Any:
         from ray.util.placement_group import placement_group
         local_gpus = int(os.environ.get("SPARK_LAB_LOCAL_GPUS", "1"))
         if self.world > local_gpus:
-            log("WARNING", "ray_utils.py:377", f"Tensor parallel size ({self.world}) exceeds available GPUs "
+            log("WARNING", "ray_utils.py:293", f"Tensor parallel size ({self.world}) exceeds available GPUs "
                 f"({local_gpus}). This may result in Ray placement group allocation failures. Consider reducing "
-                "tensor_parallel_size to match available GPUs.")
-        log("INFO", "ray_utils.py:441", "No current placement group found. Creating a new placement group.")
-        ip = os.environ.get("VLLM_HOST_IP") or ray.util.get_node_ip_address()
-        node = next((n for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == ip), None)
-        if node is None or node["Resources"].get("GPU", 0) < 1:
-            res = node["Resources"] if node else {}
-            raise ValueError(f"Current node has no GPU available. current_node_resource={res}. vLLM engine "
-                             "cannot start without GPU. Make sure you have at least 1 GPU available in a node "
-                             f"current_node_id={node['NodeID'] if node else None} current_ip={ip}.")
+                f"tensor_parallel_size to {local_gpus} or less, or ensure your Ray cluster has {self.world} GPUs "
+                "available.")
+        log("INFO", "ray_utils.py:358", "No current placement group found. Creating a new placement group.")
+        if self.world > ray.cluster_resources().get("GPU", 0):
+            log("WARNING", "ray_utils.py:364", "The number of required GPUs exceeds the total number of available "
+                "GPUs in the placement group.")
         specs: list[dict[str, float]] = [{"GPU": 1.0} for _ in range(self.world)]
-        specs[0][f"node:{ip}"] = 0.001
-        strategy = "PACK"
-        conf = os.environ.get("VLLM_DISTRIBUTED_EXECUTOR_CONFIG")
-        if conf:
-            strategy = json.loads(conf).get("placement_group_options", {}).get("strategy", strategy)
-        pg = placement_group(specs, strategy=strategy)
+        pg = placement_group(specs, strategy="PACK")
         self.pg = pg
-        timeout = float(os.environ.get("VLLM_PG_TIMEOUT_S", "1800"))
+        timeout = PG_WAIT_TIMEOUT
         start = time.time()
         interval = 10.0
         ref = pg.ready()
@@ -142,17 +142,20 @@ class Engine:
                                  "Tensor parallel size may exceed available GPUs in your cluster. Check resources "
                                  "with `ray status` and `ray list nodes`.\nIf running on K8s with limited GPUs, "
                                  "consider reducing --tensor-parallel-size to match available GPU resources.")
-            log("INFO", "ray_utils.py:292", f"Waiting for creating a placement group of specs for {elapsed:.0f} "
+            log("INFO", "ray_utils.py:223", f"Waiting for creating a placement group of specs for {elapsed:.0f} "
                 f"seconds. specs={specs}. Check `ray status` and `ray list nodes` to see if you have enough "
                 "resources, and make sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP "
                 "environment variable specified in each node if you are running on a multi-node.")
             interval *= 2
         return pg
 
-    def _bundle_nodes(self, ray: Any) -> list[str]:
+    def _bundle_nodes(self, ray: Any) -> list[tuple[int, str]]:
+        """(bundle index, node id) with the driver's node first: 0.33 `get_bundles_sorted_by_node`."""
         from ray.util.placement_group import placement_group_table
         table = placement_group_table(self.pg)
-        return [table["bundles_to_node_id"][i] for i in range(self.world)]
+        driver = ray.get_runtime_context().get_node_id()
+        bundles = [(i, table["bundles_to_node_id"][i]) for i in range(self.world)]
+        return sorted(bundles, key=lambda b: (0 if b[1] == driver else 1, b[1]))
 
     def start_workers(self) -> list[Any]:
         import ray
@@ -164,34 +167,37 @@ class Engine:
             signal.signal(signal.SIGTERM, self.on_signal)
             signal.signal(signal.SIGINT, self.on_signal)
         pg = self._placement_group(ray)
-        nodes = self._bundle_nodes(ray)
-        spans = len(set(nodes)) > 1
+        bundles = self._bundle_nodes(ray)
+        spans = len({node for _, node in bundles}) > 1
         if spans:
-            log("WARNING", "ray_utils.py:216", f"tensor_parallel_size={self.world} is bigger than a reserved number "
-                f"of GPUs (1 GPUs) in a node {nodes[0]}. Tensor parallel workers can be spread out to 2+ nodes "
-                "which can degrade the performance unless you have fast interconnect across nodes, like "
+            log("WARNING", "ray_utils.py:77", f"tensor_parallel_size={self.world} is bigger than a reserved number "
+                f"of GPUs (1 GPUs) in a node {bundles[0][1]}. Tensor parallel workers can be spread out to 2+ "
+                "nodes which can degrade the performance unless you have fast interconnect across nodes, like "
                 "Infiniband. To resolve this issue, make sure you have more than "
                 f"{self.world} GPUs available at each node.")
-        cls = ray.remote(RayWorkerWrapper)
-        env = {k: v for k, v in os.environ.items()
-               if k.startswith(("VLLM_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_", "SPARK_LAB_"))}
-        env.pop("VLLM_HOST_IP", None)
-        env.pop("VLLM_API_KEY", None)  # only the API server needs it; keep it out of Ray's task specs
-        self.workers = [
-            cls.options(num_cpus=0, num_gpus=1, max_concurrency=2, runtime_env={"env_vars": env},
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(
-                            placement_group=pg, placement_group_bundle_index=i,
-                            placement_group_capture_child_tasks=True))
-            .remote(i, self.world, str(self.snapshot), self.args.model, self.fault, spans,
-                    self.args.attention_backend)
-            for i in range(self.world)]
-        ips = ray.get([w.init_device.remote() for w in self.workers])
-        if len(set(ips)) != len(set(nodes)):
-            log("WARNING", "ray_executor.py:309", f"Every node should have a unique IP address. Got "
-                f"{len(set(nodes))} nodes with node ids {sorted(set(nodes))} and {len(set(ips))} unique IP "
-                f"addresses {sorted(set(ips))}. Please check your network configuration. If you set "
-                "`VLLM_HOST_IP` environment variable, make sure it is unique for each node.")
-        return ips
+        from spark_cluster.sim.vllm_mp import worker_name  # vllm_mp imports this module
+
+        cls = ray.remote(RayWorkerProc)
+        # 0.33 get_driver_env_vars: the driver's whole environment but the worker-specific names and
+        # the non-carry-over list, sent as a task argument and applied with setdefault.
+        driver_env = driver_env_vars(os.environ, non_carry_over())
+        args, instance = self.args, os.urandom(4).hex()
+        self.workers = []
+        for rank, (bundle, _) in enumerate(bundles):
+            name = worker_name(rank, args.tensor_parallel_size, args.pipeline_parallel_size,
+                               args.enable_expert_parallel)
+            actor = f"vllm_Worker_{instance}" + (f"_TP{rank % args.tensor_parallel_size}"
+                                                 if args.tensor_parallel_size > 1 else "")
+            self.workers.append(
+                cls.options(name=actor, num_cpus=0, num_gpus=1, max_concurrency=2,
+                            runtime_env={"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}},
+                            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                placement_group=pg, placement_group_bundle_index=bundle,
+                                placement_group_capture_child_tasks=True))
+                .remote(rank, self.world, str(self.snapshot), args.model, self.fault, spans,
+                        args.attention_backend, name=name))
+        ray.get([w.initialize_worker.remote(driver_env) for w in self.workers])
+        return ray.get([w.init_device.remote() for w in self.workers])
 
     def _ray_call(self, method: str, *a: Any) -> list[Any]:
         import ray
@@ -220,7 +226,7 @@ class Engine:
             if self.fault == "silent-death":
                 os._exit(137)
             self._ray_call("compile_and_profile", self.max_len, args.gpu_memory_utilization,
-                           args.kv_cache_memory_bytes)
+                           args.kv_cache_memory_bytes, args.enforce_eager)
             PREFIX.wait_for("Available KV cache memory", world, 7.0)
         else:
             worker = Worker(0, 1, str(self.snapshot), args.model, self.fault, False,
@@ -231,7 +237,7 @@ class Engine:
                 if self.fault == "silent-death":
                     os._exit(137)
                 worker.compile_and_profile(self.max_len, args.gpu_memory_utilization,
-                                           args.kv_cache_memory_bytes)
+                                           args.kv_cache_memory_bytes, args.enforce_eager)
             except RuntimeError as e:
                 raise EngineFailed(e) from e
         if self.fault == "kv-cache":
@@ -240,9 +246,9 @@ class Engine:
                 "initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
                 "for more details."))
         tokens = 643232
-        log("INFO", "kv_cache_utils.py:1319", f"GPU KV cache size: {tokens:,} tokens")
-        log("INFO", "kv_cache_utils.py:1325", f"Maximum concurrency for {self.max_len:,} tokens per request: "
-            f"{tokens / self.max_len:.2f}x")
+        # One line since 0.2x (vllm/v1/core/kv_cache_utils.py, 0.32).
+        log("INFO", "kv_cache_utils.py:2327", f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_len:,} tokens per request: {tokens / self.max_len:.2f}x")
         if not args.enforce_eager:
             began = time.monotonic()
             for mode, sizes in (("mixed prefill-decode, PIECEWISE", 67), ("decode, FULL", 35)):
@@ -253,8 +259,9 @@ class Engine:
                 sys.stderr.flush()
             log("INFO", "gpu_model_runner.py:6047", f"Graph capturing finished in "
                 f"{round(time.monotonic() - began)} secs, took 0.84 GiB")
-        log("INFO", "core.py:284", f"init engine (profile, create kv cache, warmup model) took "
-            f"{time.monotonic() - self.t_init:.2f} seconds")
+        compiled = "" if args.enforce_eager else f" (compilation: {compile_seconds():.2f} s)"
+        log("INFO", "core.py:402", f"init engine (profile, create kv cache, warmup model) took "
+            f"{time.monotonic() - self.t_init:.2f} s{compiled}")
 
     def shutdown(self, ok: bool = True) -> None:
         """Stop the executor and free the ranks' memory; `ok` False: the engine failed (the other
@@ -267,9 +274,6 @@ class Engine:
             return
         import ray
         from ray.util.placement_group import remove_placement_group
-        log("INFO", "ray_executor.py:120", "Shutting down Ray distributed executor. If you see error log from "
-            "logging.cc regarding SIGTERM received, please ignore because this is the expected termination "
-            "process in Ray.")
         # ray.kill ends an actor without running its exit handlers: each frees its memory first.
         with contextlib.suppress(Exception):
             if self.workers:
@@ -329,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _logo(args.model)
     log("INFO", "utils.py:233", f"non-default args: {vllm_args.non_default_args(args)}")
+    if args.enforce_eager:  # today's vLLM (0.32), while it builds the config: every node, headless too
+        log("WARNING", "vllm.py:1703", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel "
+            "warmup. This is equivalent to setting -cc.mode=none -cc.cudagraph_mode=none and "
+            "--kernel_config.enable_jit_warmup=False")
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     local_gpus = int(os.environ.get("SPARK_LAB_LOCAL_GPUS", "1"))
     backend = args.distributed_executor_backend

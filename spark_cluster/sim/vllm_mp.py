@@ -31,7 +31,7 @@ here are NOT verified for 0.19):
     Launching %d data parallel engine(s) in headless mode, with head node address %s.
     Reducing Torch parallelism from %d threads to %d to avoid unnecessary CPU contention. ...
     DP group leader: node_rank=%d, node_rank_within_dp=%d, master_addr=%s, mq_connect_ip=%s (local), ...
-    Worker proc %s died unexpectedly, shutting down executor.        (proc name VllmWorker-{global rank})
+    Worker proc %s died unexpectedly (exit code: %s), shutting down executor.   (VllmWorker-{global rank})
     WorkerProc hit an exception.                                     (a rank's RPC raised: compile/profile)
     WorkerProc shutting down.
     Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
@@ -142,7 +142,7 @@ def call_args(method: str, args: argparse.Namespace, max_len: int) -> tuple[Any,
         gib = os.environ.get("SPARK_LAB_WEIGHTS_GIB")
         return float(os.environ.get("SPARK_LAB_LOAD_MBPS", "200")), float(gib) if gib else None
     if method == "compile_and_profile":
-        return max_len, args.gpu_memory_utilization, args.kv_cache_memory_bytes
+        return max_len, args.gpu_memory_utilization, args.kv_cache_memory_bytes, args.enforce_eager
     return ()
 
 
@@ -406,7 +406,8 @@ class MpExecutor:
         return out
 
     def _died_line(self, rank: int) -> None:
-        emu.log("ERROR", f"{WHERE_MP}:231", f"Worker proc VllmWorker-{rank} died unexpectedly, shutting down executor.")
+        emu.log("ERROR", f"{WHERE_MP}:316", f"Worker proc VllmWorker-{rank} died unexpectedly (exit code: -9), "
+                "shutting down executor.")
 
     def _remote_died(self, r: _Remote, init: bool) -> None:
         self._died_line(r.ranks[0])

@@ -1,7 +1,7 @@
 """One rank of the vLLM test double (`vllm_emulator`): the log format and prefixes, the model
 lookup in the HF cache, tqdm's shard bar, and `Worker`, which reads its share of the safetensors
 shards from its own node's disk, holds that memory on its lab node (node_memory), and plays the
-GPU phases. `RayWorkerWrapper` is the Ray actor form; `vllm_mp.MpWorker` the mp executor's.
+GPU phases. `RayWorkerProc` is the Ray actor form; `vllm_mp.MpWorker` the mp executor's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,8 @@ class _Prefixer:
         self.lock = threading.Lock()
         self.watch = ("Model loading took", "Available KV cache memory", "This might cause deadlock")
 
-    def install(self) -> None:
-        for stream in (sys.stdout, sys.stderr):
+    def install(self, streams: tuple[Any, ...] | None = None) -> None:
+        for stream in streams or (sys.stdout, sys.stderr):
             orig = stream.write
             state = {"bol": True}
 
@@ -145,7 +145,7 @@ def bar_line(desc: str, n: int, total: int, elapsed: float) -> str:
 
 class Worker:
     """One rank: reads its 1/world share of every shard, then compiles and holds its KV cache.
-    The executors wrap it: `RayWorkerWrapper` (a Ray actor), `vllm_mp.MpWorker` (a rank of the mp
+    The executors wrap it: `RayWorkerProc` (a Ray actor), `vllm_mp.MpWorker` (a rank of the mp
     executor across nodes), or the in-process engine of a `uni` run.
 
     `fault_rank` is the rank that `crash-at:P` / `cuda-oom` strike (default: rank 1, or 0 alone);
@@ -302,7 +302,18 @@ class Worker:
         return {"rank": self.rank, "bytes": self.bytes_read, "seconds": took}
 
     def compile_and_profile(self, max_model_len: int, gpu_memory_utilization: float = 0.9,
-                            kv_cache_memory_bytes: str | None = None) -> float:
+                            kv_cache_memory_bytes: str | None = None, eager: bool = False) -> float:
+        if not eager:  # --enforce-eager: no torch.compile at all
+            self._compile(max_model_len)
+        if self.fault == "nccl":
+            self._fail(RuntimeError("NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"),
+                       "determine_available_memory")
+        kv = 41.37
+        log("INFO", "gpu_worker.py:437", f"Available KV cache memory: {kv} GiB")
+        self._hold_kv_cache(gpu_memory_utilization, kv_cache_memory_bytes)
+        return kv
+
+    def _compile(self, max_model_len: int) -> None:
         # The compile takes SPARK_LAB_COMPILE_S (about 3/10 Dynamo, the rest Inductor), and the
         # lines say the seconds it really took, so a tracker sees the phase pass as on a Spark.
         seconds = compile_seconds()
@@ -329,13 +340,6 @@ class Worker:
             except OSError:
                 pass  # an unwritable cache compiles again next time, as vLLM does
         log("INFO", "monitor.py:20", f"torch.compile took {time.monotonic() - began:.2f} s in total")
-        if self.fault == "nccl":
-            self._fail(RuntimeError("NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"),
-                       "determine_available_memory")
-        kv = 41.37
-        log("INFO", "gpu_worker.py:437", f"Available KV cache memory: {kv} GiB")
-        self._hold_kv_cache(gpu_memory_utilization, kv_cache_memory_bytes)
-        return kv
 
     def _hold_kv_cache(self, utilization: float, kv_cache_memory_bytes: str | None) -> None:
         # vLLM then allocates the KV cache: on unified memory the rank ends up holding
@@ -353,13 +357,71 @@ class Worker:
         self._track(held, force=True, phase="kv-cache")
 
 
-class RayWorkerWrapper(Worker):
-    """One rank as a Ray actor: its output reaches the driver as `(RayWorkerWrapper pid=…, ip=…)`."""
+class RayWorkerProc(Worker):
+    """One rank as a Ray actor, as vLLM 0.33's RayExecutorV2 makes it: Ray forwards its output as
+    `(RayWorkerProc pid=…, ip=…)` and each of its lines carries the rank's own process name,
+    `(Worker_TP1_EP1 pid=N)`, as 0.33's logger format does."""
+
+    def __init__(self, *args: Any, name: str = "Worker", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.name = name
+
+    def initialize_worker(self, driver_env_vars: dict[str, str]) -> None:
+        """0.33 `RayWorkerProc.initialize_worker`: the driver's variables fill in what this
+        worker's own environment (its node's `ray start`) lacks; its own values win."""
+        apply_driver_env(os.environ, driver_env_vars, "setdefault")
+        prefix = _Prefixer()
+        prefix.name = self.name
+        prefix.install((sys.stdout,))  # the logger's lines; tqdm's bars on stderr carry no name in 0.33
 
     def init_device(self) -> str:
         import ray
         self._device_lines()
         return ray.util.get_node_ip_address()
+
+    def _fail(self, exc: BaseException, method: str = "load_model") -> None:
+        raise exc  # 0.33 logs nothing here: Ray hands the error to the driver as a RayTaskError
+
+    def environment(self) -> dict[str, str]:
+        """This rank's environment now (what a test asks it, through Ray)."""
+        return dict(os.environ)
+
+
+# Never copied from the driver (0.33 vllm/v1/executor/ray_utils.py WORKER_SPECIFIC_ENV_VARS).
+WORKER_SPECIFIC_ENV_VARS = frozenset({"VLLM_HOST_IP", "VLLM_HOST_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST", "LOCAL_RANK",
+                                      "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+# 0.19's copy (vllm/v1/executor/ray_utils.py + ray_env.py): vLLM's registered variables and these prefixes.
+COPIED_PREFIXES_0_19 = ("VLLM_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_")
+
+
+def non_carry_over(environ: Mapping[str, str] | None = None) -> set[str]:
+    """The names in `<VLLM_CONFIG_ROOT or ~/.config/vllm>/ray_non_carry_over_env_vars.json` (vllm/ray/ray_env.py)."""
+    environ = os.environ if environ is None else environ
+    root = environ.get("VLLM_CONFIG_ROOT") or os.path.join(os.path.expanduser("~"), ".config", "vllm")
+    try:
+        with open(os.path.join(root, "ray_non_carry_over_env_vars.json")) as f:
+            return set(json.load(f))
+    except (OSError, ValueError):
+        return set()
+
+
+def driver_env_vars(environ: Mapping[str, str], excluded: set[str], rule: str = "setdefault") -> dict[str, str]:
+    """What the driver sends its Ray workers. "setdefault" (0.33, `get_driver_env_vars`): its whole
+    environment; "overwrite" (0.19): its vLLM/NCCL/UCX/HF variables. Both leave out `excluded`
+    (the non-carry-over list) and the worker-specific ones."""
+    skip = excluded | WORKER_SPECIFIC_ENV_VARS
+    return {k: v for k, v in environ.items()
+            if k not in skip and (rule == "setdefault" or k.startswith(COPIED_PREFIXES_0_19))}
+
+
+def apply_driver_env(environ: Any, driver_env: Mapping[str, str], rule: str) -> None:
+    """On the worker: 0.33 fills in (setdefault, the worker's own value wins); 0.19's
+    `update_environment_variables` overwrites."""
+    for key, value in driver_env.items():
+        if rule == "setdefault":
+            environ.setdefault(key, value)
+        else:
+            environ[key] = value
 
 
 def compile_seconds() -> float:

@@ -28,6 +28,10 @@ _ENTRY: dict[str, tuple[str, str]] = {
     "ibdev2netdev": ("rdma", "ibdev2netdev"),
     "docker": ("docker", "docker"),
     "date": ("clock", "date"),
+    "journalctl": ("logs", "journalctl"),
+    "dmesg": ("logs", "dmesg"),
+    "rdma": ("rdma", "rdma"),
+    "apt-mark": ("logs", "apt_mark"),
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from spark_cluster.sim.standins.common import Ctx, err, is_root, out
 from spark_cluster.sim.state import (
-    KERNELS, NVIDIA_MODULES, RDMA_MODULES, installed_kernels, module_driver, process_start,
+    KERNELS, NVIDIA_MODULES, RDMA_MODULES, installed_kernels, module_driver, module_source, process_start,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
@@ -141,7 +141,10 @@ def _hexbytes(seed: str, n: int) -> str:
 
 def modinfo_fields(state: dict[str, Any], name: str, kver: str) -> list[tuple[str, str]]:
     mod = MODULES[name]
-    base = [("filename", f"/lib/modules/{kver}/{mod['file']}")]
+    source = module_source(state, kver) if name.startswith("nvidia") else None
+    folder = source[2].rsplit("/", 1)[0] if source else ""
+    file = f"{folder}/{mod['file'].rsplit('/', 1)[1]}" if folder else mod["file"]
+    base = [("filename", f"/lib/modules/{kver}/{file}")]
     magic = f"{kver} SMP preempt mod_unload modversions aarch64"
     srcversion = _hexbytes(name + kver, 12).replace(":", "")[:23]
     if name.startswith("nvidia"):
@@ -150,7 +153,8 @@ def modinfo_fields(state: dict[str, Any], name: str, kver: str) -> list[tuple[st
                 "nvidia_drm": "drm_ttm_helper,drm_kms_helper,drm,ttm,video,nvidia-modeset"}.get(name, "")
         fields = base + [("import_ns", "DMA_BUF")] * (name == "nvidia") + [
             ("alias", "char-major-195-*")] * (name == "nvidia") + [
-            ("version", drv), ("supported", "external"), ("license", "Dual MIT/GPL")]
+            ("version", drv), ("supported", "external"),
+            ("license", "NVIDIA" if source and source[1] == "proprietary" else "Dual MIT/GPL")]
         if name == "nvidia":
             fields += [("firmware", f"nvidia/{drv}/gsp_tu10x.bin"), ("firmware", f"nvidia/{drv}/gsp_ga10x.bin")]
         fields += [("srcversion", srcversion)]
@@ -242,6 +246,7 @@ def _load(state: dict[str, Any], given: str, kver: str) -> str | None:
             loaded.append(m)
             if m == "nvidia":
                 state["driver"]["loaded"] = module_driver(state, kver)
+                state["driver"]["flavour"] = (module_source(state, kver) or ("", "open"))[1]
     return None
 
 
@@ -345,6 +350,8 @@ def boot(state: dict[str, Any]) -> None:
         loaded += list(NVIDIA_MODULES)
     state["modules"]["loaded"] = loaded
     state["driver"]["loaded"] = drv
+    state["driver"]["flavour"] = (module_source(state, kver) or ("", "open"))[1]
+    state["driver"].pop("hung", None)  # a reboot clears a stuck driver
     consumers = state["memory"]["consumers"]
     for name in [n for n, c in consumers.items() if c.get("pid") is not None]:
         gone = consumers.pop(name)

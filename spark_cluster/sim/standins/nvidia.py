@@ -33,6 +33,9 @@ def driver_error(state: dict[str, Any]) -> tuple[str, int] | None:
     loaded = state["driver"]["loaded"]
     if "nvidia" not in state["modules"]["loaded"] or not loaded:
         return NOT_LOADED, 9
+    if state["driver"].get("flavour") == "proprietary":
+        # GB10 initialises only with the open modules: RmInitAdapter fails, no device (spark-hosts.md §1.1).
+        return "No devices were found", 6
     if loaded != userspace:
         # NVML reports its own version as major.minor only (580.159 for 580.159.03).
         return ("Failed to initialize NVML: Driver/library version mismatch\n"
@@ -250,6 +253,15 @@ def _parse(argv: list[str]) -> dict[str, str] | None:
     return opts
 
 
+def _hang_while_stuck(ctx: Ctx) -> None:
+    """A stuck driver (the `nvidia-smi-hung` fault) never answers: wait, as the real tool does, until
+    the node reboots or heals; bounded so that an abandoned call does not outlive the lab."""
+    deadline = time.monotonic() + 300
+    while ctx.state["driver"].get("hung") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        ctx.reload()
+
+
 def nvidia_smi(ctx: Ctx, argv: list[str]) -> int:
     opts = _parse(argv)
     if opts is None:
@@ -263,6 +275,7 @@ def nvidia_smi(ctx: Ctx, argv: list[str]) -> int:
             "Usage: nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...")
         return 0
     forget_ended(ctx)
+    _hang_while_stuck(ctx)
     state = ctx.state
     failed = driver_error(state)
     if failed:

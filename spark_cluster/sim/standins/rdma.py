@@ -52,3 +52,19 @@ def ibdev2netdev(ctx: Ctx, argv: list[str]) -> int:
         else:
             out(f"{dev} port 1 ==> {netdev} ({state})")
     return 0
+
+
+def rdma(ctx: Ctx, argv: list[str]) -> int:
+    """`rdma link [show]` (iproute2): one line per RoCE port, its state read like ibdev2netdev's."""
+    if argv[:1] != ["link"] or argv[1:] not in ([], ["show"], ["list"]):
+        err("Usage: rdma [ OPTIONS ] OBJECT { COMMAND | help }\nwhere  OBJECT := { dev | link | resource | "
+            "system | statistic | help }")
+        return 1
+    loaded = ctx.state["modules"]["loaded"]
+    if "mlx5_ib" not in loaded or "mlx5_core" not in loaded:
+        return 0
+    for dev, _pci, netdev in PORTS:
+        up = is_up(netdev)
+        out(f"link {dev}/1 state {'ACTIVE' if up else 'DOWN'} physical_state {'LINK_UP' if up else 'DISABLED'} "
+            f"netdev {netdev} ")
+    return 0

@@ -1,0 +1,47 @@
+"""The tracker on what the real vLLM (0.32, CPU build, two lab nodes, mp executor) printed
+(tests/data/vllm-real/README.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spark_cluster.diagnose import diagnose_log
+from spark_cluster.progress import Tracker, parse_line
+
+DATA = Path(__file__).resolve().parent / "data" / "vllm-real"
+HEAD = DATA / "11-lab-vllm-0.32-cpu-2node-mp-head-ready.log"
+WORKER = DATA / "12-lab-vllm-0.32-cpu-2node-mp-headless-worker.log"
+
+
+def phases(text: str) -> list[str]:
+    tracker, seen = Tracker(), []
+    for line in text.splitlines():
+        tracker.feed(line)
+        if tracker.state.phase and (not seen or seen[-1] != tracker.state.phase):
+            seen.append(tracker.state.phase)
+    return seen
+
+
+def test_the_real_head_log_runs_its_phases_in_order_without_a_compile() -> None:
+    text = HEAD.read_text()
+    assert phases(text) == ["engine-args", "workers", "weights", "kv-cache", "api-server", "ready"]
+    data = diagnose_log(text)
+    assert (data["outcome"], data["cause"], data["shards_loaded"], data["shards_total"]) == ("ready", None, 14, 14)
+    # this build logs no "Model loading took … GiB": unknown, not a guess
+    assert data["weights_gib"] == [] and data["load_seconds"] == 0.02
+
+
+def test_the_enforce_eager_warning_is_no_compile_phase() -> None:
+    line = ("(APIServer pid=1290) WARNING 11-23 23:27:29 [vllm.py:1703] Enforce eager set, disabling "
+            "torch.compile, CUDAGraphs, and JIT kernel warmup. This is equivalent to setting -cc.mode=none")
+    assert parse_line(line) is None
+    compiled = "(EngineCore pid=5) INFO 11-23 23:27:29 [backends.py:1] torch.compile took 30.61 s in total"
+    assert parse_line(compiled).phase == "compile"
+
+
+def test_the_headless_worker_loads_and_never_serves() -> None:
+    text = WORKER.read_text()
+    data = diagnose_log(text)
+    assert (data["outcome"], data["phase"], data["cause"]) == ("loading", "weights", None)
+    assert data["shards_total"] is None and data["weights_gib"] == []
+    assert phases(text)[0] == "engine-args" and "compile" not in phases(text)

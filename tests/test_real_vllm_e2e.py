@@ -1,0 +1,192 @@
+"""The main path against the real vLLM (its CPU build) on the lab: `up` with vLLM's own
+multi-node mode across both simulated Sparks, requests, `status`, `bench`, `logs`, a worker
+killed while serving, a port taken, a model missing, `down`; and the fidelity gate: the same
+`up` through the emulator gives the tracker the same phases and events as the real engine.
+
+One lab for the module; the real engine is started as few times as the checks allow."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from lab_cli import LAB_MARKS, cli, on_node
+
+from spark_cluster.sim import engine
+
+pytestmark = [*LAB_MARKS, pytest.mark.real_vllm,
+              pytest.mark.skipif(engine.real_missing() is not None,
+                                 reason=f"the real vLLM engine cannot run: {engine.real_missing()}")]
+
+HEAD = "http://10.117.0.11:8000"
+MODEL = "spark-lab/tiny-moe"
+SERVE = "[v]llm.entrypoints.cli.main serve"
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory):
+    from spark_cluster.sim import lab as simlab
+
+    inventory = tmp_path_factory.mktemp("lab") / "sim-real.yaml"
+    simlab.down()
+    began = time.monotonic()
+    simlab.up(2, inventory_out=inventory, engine="real")
+    print(f"lab up: {time.monotonic() - began:.1f} s")
+    yield inventory
+    cli("down", str(inventory))
+    assert simlab.down() == []
+
+
+def emulated(real: Path) -> Path:
+    """The same inventory with the emulator instead of the real engine: same executor (mp), same
+    model, same vLLM arguments; only the Python and the emulator's own pacing differ."""
+    text = real.read_text()
+    python = f"  python: {engine.real_python()}\n"
+    env = "  env: {VLLM_TARGET_DEVICE: cpu, VLLM_CPU_KVCACHE_SPACE: '1'}\n"
+    assert python in text and env in text
+    text = text.replace(python, "  python: /run/spark-lab/python\n").replace(
+        env, "  env: {SPARK_LAB_LOAD_MBPS: '4'}\n")
+    path = real.with_name("sim-emulated-mp.yaml")
+    path.write_text(text)
+    return path
+
+
+def up_events(inventory: Path) -> tuple[list[dict], float]:
+    began = time.monotonic()
+    done = cli("up", str(inventory), "--json", timeout=400)
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")], took
+
+
+def sequence(events: list[dict]) -> dict:
+    """What the tracker made of a start: its phases in order, the shard bar's last n/N, and how
+    it ended. GiB per rank is left out (only a GPU build logs it), and so are the bar's steps
+    between (how many a poll sees depends on the load's speed, not on the engine)."""
+    progress = [(e["shards_loaded"], e["shards_total"]) for e in events
+                if e["event"] == "progress" and e["shards_total"]]
+    return {"phases": [e["phase"] for e in events if e["event"] == "phase"],
+            "shards": progress[-1] if progress else None, "end": events[-1]["event"]}
+
+
+def on(inventory: Path, node: str, command: str) -> str:
+    return on_node(inventory, node, command).stdout
+
+
+def chat(stream: bool = False, max_tokens: int = 6) -> bytes:
+    request = urllib.request.Request(
+        f"{HEAD}/v1/chat/completions", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": MODEL, "max_tokens": max_tokens, "stream": stream,
+                         "messages": [{"role": "user", "content": "Say hello."}]}).encode())
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.read()
+
+
+def test_emulator_and_real_vllm_give_the_tracker_the_same_start(real: Path) -> None:
+    emu_events, emu_took = up_events(emulated(real))
+    assert cli("down", str(emulated(real))).returncode == 0
+    real_events, real_took = up_events(real)
+    print(f"up to ready: emulator {emu_took:.1f} s, real vLLM {real_took:.1f} s")
+    got = sequence(real_events)
+    # vLLM's order with --enforce-eager: no compile, no CUDA graphs; the bar from the real tqdm
+    assert got == {"phases": ["engine-args", "workers", "weights", "kv-cache", "api-server", "ready"],
+                   "shards": (8, 8), "end": "ready"}, got
+    assert sequence(emu_events) == got
+
+
+def test_chat_completions_come_from_real_vllm(real: Path) -> None:
+    answer = json.loads(chat())
+    assert answer["system_fingerprint"].startswith(f"vllm-{engine.REAL_VERSION}")
+    assert answer["usage"]["completion_tokens"] <= 6 and answer["choices"][0]["message"]["role"] == "assistant"
+    chunks = [line for line in chat(stream=True).decode().splitlines() if line.startswith("data: ")]
+    assert chunks[-1] == "data: [DONE]" and len(chunks) >= 3
+    assert json.loads(chunks[0][6:])["object"] == "chat.completion.chunk"
+    # each node runs its own rank; the worker's is headless; no Ray anywhere
+    assert "--node-rank 0" in on(real, "spark-a", f"pgrep -af '{SERVE}'")
+    assert "--headless" in on(real, "spark-b", f"pgrep -af '{SERVE}'")
+    assert "raylet" not in on(real, "spark-a", "ps -eo args") + on(real, "spark-b", "ps -eo args")
+
+
+def test_status_bench_and_logs_read_the_real_server(real: Path) -> None:
+    status = cli("status", str(real), "--json")
+    report = json.loads(status.stdout)
+    assert status.returncode == 0 and report["healthy"] is True, status.stdout
+    assert report["vllm"]["model"] == MODEL and report["vllm"]["metrics"]["generation_tokens_total"] > 0
+    bench = cli("bench", str(real), "-c", "1,2", "--max-tokens", "16", "--json", timeout=300)
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    levels = json.loads(bench.stdout)["levels"]
+    assert [level["concurrency"] for level in levels] == [1, 2]
+    assert all(level["failed"] == 0 and level["aggregate_tok_s"] > 0 for level in levels), levels
+    head = cli("logs", str(real), "-n", "400")
+    assert head.returncode == 0 and "Application startup complete." in head.stdout
+    worker = cli("logs", str(real), "--node", "spark-b", "-n", "400")
+    assert worker.returncode == 0 and "headless multiproc executor" in worker.stdout
+    assert "Application startup complete." not in worker.stdout
+
+
+def status_until(real: Path, ok, deadline_s: float = 90.0) -> dict:  # noqa: ANN001
+    end = time.monotonic() + deadline_s
+    while True:
+        report = json.loads(cli("status", str(real), "--json").stdout)
+        if ok(report) or time.monotonic() > end:
+            return report
+        time.sleep(2)
+
+
+def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(real: Path) -> None:
+    # The rank process of the headless node (vLLM titles it VLLM::Worker_TP1), as the OOM killer would
+    on(real, "spark-b", "pkill -9 -f 'VLLM::Worker_TP1'")
+    try:
+        chat()
+    except OSError:
+        pass  # the engine may already be down; the request only makes the head use its peer
+    report = status_until(real, lambda r: (r["vllm"] or {}).get("failure"))
+    failure = report["vllm"]["failure"]
+    assert report["healthy"] is False and failure["node"] == "spark-b", report["vllm"]
+    assert failure["cause"] == "engine-died" and "died unexpectedly (exit code: -9)" in failure["evidence"]
+    shown = cli("status", str(real))
+    assert shown.returncode == 1 and "failed on spark-b: engine-died" in shown.stdout
+    watch = cli("watch", str(real), "--restart-on-failure", "--count", "2", "--interval", "1", timeout=300)
+    assert "vLLM is not running (failed on spark-b: engine-died; evidence: " in watch.stdout, watch.stdout
+    assert "restart 1: ready again" in watch.stdout, watch.stdout + watch.stderr
+    assert json.loads(cli("status", str(real), "--json").stdout)["healthy"] is True
+    assert "--headless" in on(real, "spark-b", f"pgrep -af '{SERVE}'")
+
+
+def test_down_leaves_no_process_port_or_shared_memory(real: Path) -> None:
+    done = cli("down", str(real))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for node in ("spark-a", "spark-b"):
+        left = on(real, node, f"pgrep -af '{SERVE}'; ss -ltnH | grep -E ':(8000|29501) '; "
+                              "ls -A /dev/shm; echo end")
+        assert left.strip() == "end", (node, left)
+
+
+def test_a_port_taken_on_the_head_ends_up_with_port_in_use(real: Path) -> None:
+    hold = ("python3 -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", 8000)); s.listen(); "
+            "time.sleep(300)' >/dev/null 2>&1 & echo $! > /tmp/port-holder.pid")
+    on(real, "spark-a", hold)
+    try:
+        assert on_node(real, "spark-a", "sleep 0.5; ss -ltnH | grep -q ':8000 '").returncode == 0
+        done = cli("up", str(real), "--json", timeout=300)
+        assert done.returncode == 1, done.stdout + done.stderr
+        failed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1]
+        assert failed["event"] == "failed" and failed["cause"] == "port-in-use", failed
+    finally:
+        on(real, "spark-a", "kill $(cat /tmp/port-holder.pid); rm -f /tmp/port-holder.pid")
+    assert cli("down", str(real)).returncode == 0
+    for node in ("spark-a", "spark-b"):
+        assert on(real, node, f"pgrep -af '{SERVE}' || echo none").strip() == "none"
+
+
+def test_the_model_missing_on_spark_b_blocks_before_anything_starts(real: Path) -> None:
+    on(real, "spark-b", "rm -rf /root/.cache/huggingface/hub/models--spark-lab--tiny-moe")
+    check = cli("check", str(real))
+    assert check.returncode == 1 and "model.differs" in check.stdout and "spark-b" in check.stdout, check.stdout
+    done = cli("up", str(real))
+    assert done.returncode == 1, done.stdout + done.stderr
+    for node in ("spark-a", "spark-b"):
+        assert on(real, node, f"pgrep -af '{SERVE}' || echo none").strip() == "none"

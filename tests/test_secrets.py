@@ -1,0 +1,107 @@
+"""Secret variables (HF_TOKEN, the API key) never reach argv, a state file, a diff or a container's config.
+
+The lab test (tests/test_secrets_e2e.py) greps a running cluster for the value; these check the
+commands and records that carry it there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_cluster.inventory import load_inventory
+from spark_cluster.ray_cluster import _describe, _start_host, config_diff
+from spark_cluster.ray_plan import config_digest, docker_run, plan, plan_mp
+from spark_cluster.secrets import container_file_lines, is_secret, source_and_remove, stdin_lines
+from spark_cluster.serve import secret_values, start_command
+from spark_cluster.serve_plan import launch_record, serve_plan
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = load_inventory(REPO / "inventories" / "lab.yaml")
+SIM = load_inventory(REPO / "inventories" / "sim.yaml")
+SECRET = "hf_s3cr3t-VALUE-0123456789"
+
+
+def with_env(inv, **env: str):  # type: ignore[no-untyped-def]
+    return dataclasses.replace(inv, cluster=dataclasses.replace(inv.cluster, env={**inv.cluster.env, **env}))
+
+
+@pytest.mark.parametrize("name, secret", [("HF_TOKEN", True), ("VLLM_API_KEY", True), ("WANDB_API_KEY", True),
+                                          ("DB_PASSWORD", True), ("NCCL_IB_HCA", False), ("HF_HOME", False),
+                                          ("MONKEY", False)])
+def test_names_that_are_secrets(name: str, secret: bool) -> None:
+    assert is_secret(name) is secret
+
+
+@pytest.mark.parametrize("base", [LAB, SIM], ids=["container", "host"])
+def test_ray_start_carries_secrets_on_stdin_only(base) -> None:  # type: ignore[no-untyped-def]
+    inv = with_env(base, HF_TOKEN=SECRET)
+    for p in plan(inv):
+        assert dict(p.secrets) == {"HF_TOKEN": SECRET} and "HF_TOKEN" not in p.env
+        assert SECRET not in repr(p)
+        command = docker_run(inv, p) if base is LAB else _start_host(inv, p)
+        assert SECRET not in command
+    record = json.dumps({"digest": config_digest(inv), "nodes": _describe(plan(inv))})
+    assert SECRET not in record and '"secrets": ["HF_TOKEN"]' in record
+    assert config_digest(inv) != config_digest(with_env(base, HF_TOKEN="another"))  # a new value is a change
+
+
+def test_container_reads_the_file_and_removes_it(tmp_path: Path) -> None:
+    """What the container's start runs, here under sh: the variable is set, the file is gone."""
+    secrets_file = tmp_path / "secrets.env"
+    secrets_file.write_text(container_file_lines({"HF_TOKEN": "it's $HOME `x`"}))
+    done = subprocess.run(["sh", "-c", source_and_remove() + 'printf %s "$HF_TOKEN"; env | grep -c SPARK_CLUSTER || true'],
+                          env={"SPARK_CLUSTER_SECRETS_FILE": str(secrets_file), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, check=True)
+    assert done.stdout == "it's $HOME `x`0\n" and not secrets_file.exists()
+    inv = with_env(LAB, HF_TOKEN=SECRET)
+    words = shlex.split(docker_run(inv, plan(inv)[0]).replace('"$HOME"', "/home/nvidia"))
+    assert "SPARK_CLUSTER_SECRETS_FILE=/home/nvidia/.cache/spark-cluster/lab/secrets.env" in words
+    assert "/home/nvidia/.cache/spark-cluster/lab:/home/nvidia/.cache/spark-cluster/lab" in words
+
+
+def test_config_diff_never_prints_a_secret_value() -> None:
+    old = {"nodes": {"spark-a": {"start": "ray start", "env": {"HF_TOKEN": SECRET, "A": "1"}}}}
+    new = {"nodes": {"spark-a": {"start": "ray start", "env": {"A": "2"}, "secrets": ["HF_TOKEN"]}}}
+    lines = config_diff(old, new)
+    assert SECRET not in "\n".join(lines)
+    assert "spark-a: HF_TOKEN: <redacted> -> None" in lines and "spark-a: A: 1 -> 2" in lines
+    assert "spark-a: secret variables: none -> HF_TOKEN" in lines
+
+
+@pytest.mark.parametrize("base, mp", [(LAB, False), (SIM, False), (SIM, True)], ids=["container", "host", "mp"])
+def test_vllm_start_exports_secret_variables_from_stdin(base, mp: bool) -> None:  # type: ignore[no-untyped-def]
+    inv = with_env(base, HF_TOKEN=SECRET)
+    if mp:
+        inv = dataclasses.replace(inv, cluster=dataclasses.replace(inv.cluster, executor="mp"))
+    served = serve_plan(inv)
+    for command in served.commands:
+        line = start_command(command)
+        assert SECRET not in line and "IFS= read -r HF_TOKEN && export HF_TOKEN" in line
+        assert secret_values(command) == f"{SECRET}\n"
+        if command.container:
+            assert "docker exec -e HF_TOKEN " in line
+    assert SECRET not in json.dumps(launch_record(served)) and SECRET not in served.render()
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=12, max_size=40))
+def test_no_secret_value_in_any_command_or_record(value: str) -> None:
+    inv = with_env(SIM, HF_TOKEN=value)
+    texts = [_start_host(inv, p) for p in plan(inv)] + [json.dumps(_describe(plan(inv)))]
+    texts += [start_command(c) for c in serve_plan(inv).commands] + [json.dumps(launch_record(serve_plan(inv)))]
+    for p in plan_mp(inv, ["x"]):
+        texts.append(" ".join(p.args))
+    assert not any(value in text for text in texts)
+
+
+def test_a_secret_with_a_line_break_is_refused() -> None:
+    with pytest.raises(ValueError, match="HF_TOKEN holds a line break"):
+        stdin_lines({"HF_TOKEN": "a\nb"})
