@@ -153,7 +153,8 @@ def test_sudo_stdin_puts_the_password_line_first() -> None:
 
 PARAMS = {"packages": "linux-modules-nvidia-580-open-6.17.0-1018-nvidia", "modules": "nvidia_uvm",
           "interface": "enp1s0f1np1", "address": "192.168.100.10/24", "mtu": "9000",
-          "pids": "4242", "names": "ollama", "remove": "nvidia-dkms-580"}
+          "pids": "4242", "names": "ollama", "remove": "nvidia-dkms-580",
+          "kernel": "6.17.0-1018-nvidia", "headers": "linux-headers-6.17.0-1018-nvidia"}
 
 
 @pytest.mark.parametrize("password", [None, "s3cret"])
