@@ -39,7 +39,7 @@ from spark_cluster.sim import lab as simlab  # noqa: E402
 
 TARGET = 2.0
 REPO_ID = "spark-lab/bench-2g"
-HUB = "/root/.cache/huggingface/hub"
+HUB = "/home/nvidia/.cache/huggingface/hub"
 MODEL = f"{HUB}/models--{REPO_ID.replace('/', '--')}"
 
 # Runs on spark-a: the checkpoint, written as the HF cache lays a download out.
@@ -126,7 +126,7 @@ def run_rsync(inventory: Path, lab: simlab.Lab) -> float:
                       "-o", "StrictHostKeyChecking=yes", "-o", f"HostKeyAlias={b.address}",
                       "-o", "BatchMode=yes"])
     # Over spark-b's link address, as peers copy over the QSFP link.
-    command = f"rsync -a -e {shlex.quote(ssh)} {MODEL}/ root@192.168.100.11:{MODEL}/"
+    command = f"rsync -a -e {shlex.quote(ssh)} {MODEL}/ nvidia@192.168.100.11:{MODEL}/"
     began = time.monotonic()
     on(inventory, "spark-a", command, timeout=1800)
     return time.monotonic() - began

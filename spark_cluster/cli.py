@@ -141,9 +141,11 @@ def sync(inventory: str, as_json: bool, source_node: str | None, streams: int, m
 @click.option("--yes", "-y", is_flag=True, help="Do not ask (also answers the playbooks' questions).")
 @click.option("--only", "only", metavar="ID", help="Fix only the findings with this id (warnings too).")
 @click.option("--reboot", "allow_reboot", is_flag=True, help="Allow playbooks to reboot a node.")
+@click.option("--reboot-wait", "reboot_wait", type=click.FloatRange(1, 3600), default=900.0,
+              show_default=True, help="Seconds to wait for a rebooted node to come back.")
 @click.option("--ask-sudo-pass", is_flag=True, help="Ask once for the sudo password; never stored.")
 def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot: bool,
-        ask_sudo_pass: bool) -> int:
+        reboot_wait: float, ask_sudo_pass: bool) -> int:
     """Run the playbooks that the blocking findings name, then check again."""
     from .preflight import preflight
     from .repair import approvals, execute, plans_for
@@ -157,7 +159,10 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
         before = preflight(inv, fleet)
         plans = plans_for(before.findings, only)
         unfixable = [f for f in before.blockers if f.fix is None or f.fix.playbook is None]
-        ui.fix_plan(plans)
+        ui.fix_plan(plans, sudo_password=password is not None)
+        if password is not None and plans:
+            ui.console.print("  (sudo reads the password from its standard input: `-S -p ''`)",
+                             style="dim")
         for finding in unfixable if not only else []:
             ui.console.print(f"not fixable here: {finding.node}: {finding.id}: "
                              f"{finding.fix.note if finding.fix else finding.message}")
@@ -167,7 +172,8 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
             raise SparkClusterError("nothing was changed\n  hint: run again with --yes, "
                                     "or --dry-run to only look")
         approved = approvals(plans, lambda node, q: yes or _confirm(f"{node}: {q}"))
-        results = execute(fleet, plans, approved, allow_reboot)
+        results = execute(fleet, plans, approved, allow_reboot, reboot_wait,
+                          progress=lambda node, text: ui.console.print(f"{node}  {text}"))
         ui.fix_results(results)
         after = preflight(inv, fleet)
     _report_change(before, after, results)
@@ -426,9 +432,18 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
     directory = state_dir(inv.cluster.name)
     vllm_here = inv.model is not None and (spec.is_head or inv.cluster.executor == "mp")
     path = remote_path(f"{directory}/{'vllm.log' if vllm_here else 'ray.log'}")
+    if not vllm_here and inv.cluster.runtime == "container":
+        # Ray runs as the container's command: its output is the container's log.
+        from .ray_plan import container_name
+
+        path = f"the log of container {container_name(inv)}"
+        source = f"docker logs {shlex.quote(container_name(inv))} 2>&1"
+    else:
+        source = f"cat {path}"
     with fleet_for(inv, only=spec.name) as fleet:
         node = fleet.node(spec.name)
-        first = node.run(f"tail -n {int(lines)} {path}; wc -l < {path}", timeout=30)
+        first = node.run(f"out=$({source}) || exit 1; printf '%s\\n' \"$out\" | tail -n {int(lines)}; "
+                         f"printf '%s\\n' \"$out\" | wc -l", timeout=30)
         if not first.ok:
             raise SparkClusterError(f"{spec.name}: no log at {path}: {first.tail('stderr', 1)}\n"
                                     "  hint: has `up` run on this cluster?")
@@ -438,7 +453,7 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
         try:
             while follow:
                 time.sleep(1.0)
-                more = node.run(f"tail -n +{done + 1} {path}", timeout=30).stdout
+                more = node.run(f"{source} | tail -n +{done + 1}", timeout=30).stdout
                 complete, _, _ = more.rpartition("\n")
                 if complete:
                     ui.console.out(complete, highlight=False)
@@ -524,12 +539,16 @@ def lab() -> None:
               help="The vLLM the inventory runs: the real vLLM CPU build, or the emulator.")
 @click.option("--cache-size", default="1g", show_default=True, metavar="SIZE",
               help="Each node's HF cache (a tmpfs in memory), e.g. 3g for a 2 GB checkpoint.")
-def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str) -> int:
+@click.option("--reboot-seconds", type=click.FloatRange(0, 3600), default=None,
+              help="How long a node stays down when it reboots (default 60: a Spark takes a "
+                   "minute or more); changes a running lab's too.")
+def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str, reboot_seconds: float | None) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     from .sim import lab as simlab
 
     started = time.monotonic()
-    lab_, created = simlab.up(count, inventory_out, engine=engine, cache_size=cache_size)
+    lab_, created = simlab.up(count, inventory_out, engine=engine, cache_size=cache_size,
+                              reboot_s=reboot_seconds)
     verb = "up" if created else "already up"
     ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:

@@ -16,20 +16,30 @@ from .inventory import Inventory, NodeSpec
 
 # Runs on the node with the node's own python3 (DGX OS ships one): standard library only,
 # Python 3.8 compatible. Probes run in threads so a slow one does not delay the others.
+# Each probe is a process group of its own: at its timeout the whole group is killed, so no
+# child of its shell keeps the pipes (and with them the whole gathering) open.
 RUNNER = r"""
-import json, subprocess, sys, threading
+import json, os, signal, subprocess, sys, threading
 probes = json.loads(sys.argv[1])
 out = {}
 def run(name, command, timeout):
     try:
-        p = subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
-        out[name] = {"rc": p.returncode, "out": p.stdout.decode("utf-8", "replace"),
-                     "err": p.stderr.decode("utf-8", "replace")}
-    except subprocess.TimeoutExpired:
-        out[name] = {"rc": 124, "out": "", "err": "timed out after %ss" % timeout}
+        p = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as e:
         out[name] = {"rc": 127, "out": "", "err": str(e)}
+        return
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+        out[name] = {"rc": p.returncode, "out": stdout.decode("utf-8", "replace"),
+                     "err": stderr.decode("utf-8", "replace")}
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        p.communicate()
+        out[name] = {"rc": 124, "out": "", "err": "timed out after %ss" % timeout}
 threads = [threading.Thread(target=run, args=p) for p in probes]
 for t in threads: t.start()
 for t in threads: t.join()
@@ -49,6 +59,9 @@ class Probe:
     name: str
     command: str
     timeout: float = PROBE_TIMEOUT
+
+
+EACH_FILE = '"$f"'
 
 
 def remote_path(path: str) -> str:
@@ -120,8 +133,10 @@ def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
         from .ray_plan import container_name
 
         container = f"docker top {shlex.quote(container_name(inventory))} -eo pid 2>/dev/null | tail -n +2; "
+    from .session import session_of
+
     probes.append(Probe("own_pids", f"for f in {state}/vllm.pid {state}/ray.pid; do "
-                                    "sid=$(cat \"$f\" 2>/dev/null) && pgrep -s \"$sid\"; done; "
+                                    f"{session_of(EACH_FILE)}; [ -z \"$sid\" ] || pgrep -s \"$sid\"; done; "
                                     f"{container}true"))
     model = inventory.model
     hf_cache = model.hf_cache if model else "~/.cache/huggingface"

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from .errors import SparkClusterError
+from .remote import sudo_line
 
 PLAYBOOK_DIR = Path(__file__).resolve().parents[1] / "playbooks"
 # Values come from facts (package names, interfaces, pids, numbers): nothing else passes.
@@ -62,8 +63,12 @@ class PlannedStep:
 
     @property
     def shown(self) -> str:
-        """The command as a person would type it; exactly what runs on the node."""
-        return f"sudo sh -c {shlex.quote(self.command)}" if self.sudo else self.command
+        """The command as a person would type it; exactly what runs on the node (the password,
+        when --ask-sudo-pass gave one, goes on its standard input: see shown_with)."""
+        return self.shown_with(password=False)
+
+    def shown_with(self, *, password: bool) -> str:
+        return sudo_line(self.command, password=password) if self.sudo else self.command
 
 
 @dataclass(frozen=True)

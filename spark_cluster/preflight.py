@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .checks import Finding, run_checks
 from .checks.base import blocker, manual
-from .errors import SparkClusterError
+from .errors import CommandTimeout, SparkClusterError
 from .facts import NodeFacts, parse_facts
 from .facts_probe import gather_command, probes_for
 from .inventory import Inventory
@@ -55,6 +55,11 @@ class Report:
 
 def unreachable(node: str, error: Exception) -> Finding:
     first, _, hint = str(error).partition("\n  hint: ")
+    if isinstance(error, CommandTimeout):  # it answered SSH, then was slow: not unreachable
+        return blocker("facts.slow", node,
+                       f"slow probes on {node}: the facts did not come back within {GATHER_TIMEOUT:g} s",
+                       first, manual(f"see what is slow on {node} (`uptime`, a hung mount, "
+                                     "nvidia-smi hanging)"))
     if isinstance(error, FactsUnavailable):
         return blocker("facts.unavailable", node, first,
                        "the node runs commands but the fact gatherer failed",

@@ -24,6 +24,7 @@ from .ray_plan import (
     container_name,
     docker_run,
     non_carry_over_file,
+    prepare_container,
     plan,
     plan_node,
     state_dir,
@@ -31,7 +32,7 @@ from .ray_plan import (
 from .remote import Fleet, Node
 from .secrets import REDACTED, container_file_lines, exports, is_secret, stdin_lines
 from .serve_plan import API_PORT
-from .session import stop_session_command
+from .session import record_session, session_of, stop_session_command
 
 JOIN_DEADLINE_S = 120.0
 STOP_DEADLINE_S = 20.0
@@ -111,6 +112,10 @@ def query_state(inventory: Inventory, head: Node) -> RayState:
     return RayState(True, raw.get("version"), nodes)
 
 
+_QUOTED_RAY_PID = '"$d/ray.pid"'
+_EACH_FILE = '"$f"'
+
+
 def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
     """Secrets are read from stdin and exported first (`secrets.exports`): Ray inherits them,
     and no command line holds their values."""
@@ -122,7 +127,7 @@ def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
         f"set -e; d={d}; mkdir -p \"$d\" \"$HOME/.config/vllm\"; "
         f"printf '%s\\n' {carry} > \"$HOME/.config/vllm/ray_non_carry_over_env_vars.json\"; "
         f"cd \"$d\"; setsid nohup env {env} {node_plan.start} > \"$d/ray.log\" 2>&1 < /dev/null & "
-        f"echo $! > \"$d/ray.pid\"; echo started"
+        f"{record_session(_QUOTED_RAY_PID)}; echo started"
     )
 
 
@@ -150,7 +155,7 @@ def foreign_ray(node: Node, inventory: Inventory) -> list[int]:
     """Ray daemons on the node that are not in this cluster's session (someone else's Ray)."""
     d = _dir(inventory)
     result = node.run(
-        f"sid=$(cat {d}/ray.pid 2>/dev/null || echo none); "
+        f"{session_of(d + '/ray.pid')}; [ -n \"$sid\" ] || sid=none; "
         "for p in $(pgrep -x raylet; pgrep -x gcs_server); do "
         "[ \"$(ps -o sid= -p $p | tr -d ' ')\" = \"$sid\" ] || echo $p; done", timeout=20)
     return [int(p) for p in result.stdout.split() if p.isdigit()]
@@ -231,7 +236,7 @@ def _start(inventory: Inventory, node: Node, node_plan: RayNodePlan) -> None:
         if node_plan.secrets:  # the file the container sources and removes (ray_plan.docker_run)
             node.run(f"umask 077 && mkdir -p {_dir(inventory)} && cat > {_dir(inventory)}/secrets.env",
                      timeout=30, stdin=container_file_lines(node_plan.secrets)).check()
-        result = node.run(docker_run(inventory, node_plan), timeout=120)
+        result = node.run(f"{prepare_container(inventory)} && {docker_run(inventory, node_plan)}", timeout=120)
     else:
         result = node.run(_start_host(inventory, node_plan), timeout=60,
                           stdin=stdin_lines(node_plan.secrets) if node_plan.secrets else None)
@@ -363,7 +368,7 @@ def start_containers(inventory: Inventory, fleet: Fleet) -> list[str]:
                            {k: v for k, v in plan_node(inventory, spec).env.items() if not k.startswith("RAY_")},
                            "exec sleep infinity")
         node.run(_stop_container(inventory), timeout=60)
-        result = node.run(docker_run(inventory, idle), timeout=120)
+        result = node.run(f"{prepare_container(inventory)} && {docker_run(inventory, idle)}", timeout=120)
         if not result.ok:
             raise RayError(f"{node.name}: the container did not start: "
                            f"{result.tail('stderr', 5) or result.tail('stdout', 5)}")
@@ -385,7 +390,7 @@ def leftovers(inventory: Inventory, node: Node) -> list[str]:
     d = _dir(inventory)
     name = container_name(inventory)
     result = node.run(
-        f"for f in {d}/ray.pid {d}/vllm.pid; do sid=$(cat \"$f\" 2>/dev/null); "
+        f"for f in {d}/ray.pid {d}/vllm.pid; do {session_of(_EACH_FILE)}; "
         "[ -z \"$sid\" ] || pgrep -s \"$sid\" | sed 's/^/process /'; done; "
         f"docker ps -aq --filter name=^{name}$ 2>/dev/null | sed 's/^/container /'; "
         f"ss -ltnH 2>/dev/null | awk '{{print $4}}' | grep -E ':({inventory.cluster.ray_port}|{DASHBOARD_PORT}|{API_PORT})$'"

@@ -144,10 +144,12 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
             "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", CONTAINER_SHM,
             "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
             "--device", "/dev/infiniband", "--entrypoint", "/bin/bash"]
-    for key, value in node_plan.env.items():
+    for key, value in {**node_plan.env, **CONTAINER_CACHE_ENV}.items():
         args += ["-e", f"{key}={value}"]
     words = " ".join(shlex.quote(a) for a in args)
     mount = f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"
+    # Compile caches live on the node, so a restarted container reuses them instead of compiling again.
+    mount += "".join(f" -v {remote_path(node)}:{inside}" for node, inside in CONTAINER_CACHES)
     # In the container's own home: where the vLLM that `docker exec` starts there looks.
     start = write_non_carry_over(sorted(node_plan.secrets)) + node_plan.start
     if node_plan.secrets:
@@ -156,6 +158,17 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
         mount += f" -v {state}:{state} -e {FILE_VAR}={state}/secrets.env"
         start = source_and_remove() + start
     return f"{words} {mount} {shlex.quote(cluster.image or '')} -c {shlex.quote(start)}"
+
+
+CONTAINER_CACHES = (("~/.cache/vllm", "/root/.cache/vllm"), ("~/.cache/torch", "/root/.cache/torch"))
+CONTAINER_CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "/root/.cache/torch/inductor",
+                       "TRITON_CACHE_DIR": "/root/.cache/torch/triton"}
+
+
+def prepare_container(inventory: Inventory) -> str:
+    """Shell run on the node before `docker_run`: the node-side caches exist, owned by the login
+    user (not made by the daemon, as root, on first mount)."""
+    return "mkdir -p " + " ".join(remote_path(node) for node, _ in CONTAINER_CACHES)
 
 
 # Never copied from vLLM's driver into Ray's task specs (Ray logs and stores those): each Ray node

@@ -84,12 +84,54 @@ def with_env(command: str, env: Mapping[str, str] | None) -> str:
     return f"env {assignments} sh -c {shlex.quote(command)}"
 
 
-def as_sudo(command: str) -> str:
-    """`sudo -n` never prompts: a password rule becomes a clear error instead of a hang."""
-    return f"sudo -n -- sh -c {shlex.quote(command)}"
+class SudoPasswordRejected(SparkClusterError):
+    """sudo -S was given a password the node does not accept."""
+
+    def __init__(self, node: str, user: str) -> None:
+        super().__init__(
+            f"{node}: sudo did not accept the password given for {user}\n"
+            "  hint: run again and type the password of that user on the node "
+            "(the one `sudo -v` asks for there)"
+        )
+
+
+def sudo_line(command: str, *, password: bool = False) -> str:
+    """The one way anything runs as root: the whole line as one `sh -c` under sudo, so a
+    compound command (`a && b`, a loop, a redirection) runs as root from end to end.
+
+    Without a password `sudo -n` never prompts: a password rule becomes a clear error instead
+    of a hang. With one, `sudo -S -p ''` reads it as the first line of standard input (given
+    once per command, never on a command line or in an environment) and prints no prompt.
+    """
+    if not password:
+        return f"sudo -n -- sh -c {shlex.quote(command)}"
+    # The node's shell takes the password's line before anything else runs, so the channel
+    # stays open until it is sent; it goes on to sudo, and the rest of stdin to the command.
+    return ("IFS= read -r pw && { printf '%s\\n' \"$pw\"; cat; } | "
+            f"sudo -S -p '' -- sh -c {shlex.quote(command)}")
+
+
+def sudo_stdin(password: str | None, stdin: str | None) -> str | None:
+    """What the command's standard input carries under `sudo_line`: the password's line first
+    (sudo reads it byte by byte, so what follows is left to the command)."""
+    if password is None:
+        return stdin
+    return f"{password}\n{stdin or ''}"
 
 
 _SUDO_PASSWORD_MARKERS = ("a password is required", "a terminal is required")
+_SUDO_REJECTED_MARKERS = ("incorrect password attempt", "no password was provided",
+                          "Sorry, try again.")
+
+
+def sudo_refused(node: str, user: str, exit_code: int, stderr: str) -> None:
+    """Raise when sudo itself refused (exit 1 and its own words), not the command it ran."""
+    if exit_code != 1:
+        return
+    if any(m in stderr for m in _SUDO_PASSWORD_MARKERS):
+        raise SudoPasswordRequired(node, user)
+    if any(m in stderr for m in _SUDO_REJECTED_MARKERS) and "sudo:" in stderr:
+        raise SudoPasswordRejected(node, user)
 
 
 class Node(Protocol):
@@ -203,17 +245,14 @@ class SSHNode(_Runner):
         from paramiko.ssh_exception import SSHException
 
         connection = self.connect()
-        answers_sudo = sudo and self._sudo_password is not None
-        # A stream's end closes the remote stdin, so no command waits on it until its timeout;
-        # sudo's password prompt is answered on that stdin, so it stays open there.
+        password = self._sudo_password if sudo else None
+        # A stream's end closes the remote stdin, so no command waits on it until its timeout.
+        feed = sudo_stdin(password, stdin)
         options = {"hide": True, "warn": True, "timeout": timeout,
-                   "in_stream": False if answers_sudo and stdin is None else _WholeStream(stdin or "")}
+                   "in_stream": _WholeStream(feed or "")}
         try:
-            if answers_sudo:
-                connection.config.sudo.password = self._sudo_password
-                raw = connection.sudo(line, **options)
-            else:
-                raw = connection.run(as_sudo(line) if sudo else line, **options)
+            raw = connection.run(sudo_line(line, password=password is not None) if sudo else line,
+                                 **options)
         except CommandTimedOut:
             raise TimeoutError from None
         except (EOFError, OSError, SSHException) as exc:
@@ -222,8 +261,8 @@ class SSHNode(_Runner):
             self.close()
             raise ConnectError(self.name, f"the SSH connection dropped: {exc or type(exc).__name__}",
                                f"check that {self.host} is up and reachable, then run the command again") from None
-        if sudo and raw.exited == 1 and any(m in raw.stderr for m in _SUDO_PASSWORD_MARKERS):
-            raise SudoPasswordRequired(self.name, self.user)
+        if sudo:
+            sudo_refused(self.name, self.user, raw.exited, raw.stderr)
         return raw.stdout, raw.stderr, raw.exited
 
     def close(self) -> None:
@@ -243,7 +282,7 @@ class LocalNode(_Runner):
                  stdin: str | None = None) -> tuple[str, str, int]:
         try:
             done = subprocess.run(
-                ["sh", "-c", as_sudo(line) if sudo else line],
+                ["sh", "-c", sudo_line(line) if sudo else line],
                 capture_output=True,
                 text=True,
                 timeout=timeout,

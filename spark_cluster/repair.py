@@ -73,28 +73,65 @@ def approvals(plans: Sequence[Plan], ask: Ask) -> set[tuple[int, int]]:
     return approved
 
 
-def _reboot(node: Node, step: PlannedStep, wait_s: float) -> StepOutcome:
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+REBOOT_POLL_S = 2.0
+
+Progress = Callable[[str, str], None]  # (node, what is happening)
+
+
+def _boot_id(node: Node) -> str | None:
+    """The node's boot_id, or None while it does not answer (going down, down, booting)."""
+    try:
+        result = node.run(BOOT_ID, timeout=10)
+    except Exception:  # noqa: BLE001 - a node going down fails in any of SSH's ways
+        node.close()
+        return None
+    return result.stdout.strip() or None if result.ok else None
+
+
+def _reboot(node: Node, step: PlannedStep, wait_s: float,
+            progress: Progress | None = None) -> StepOutcome:
+    """Reboot, then wait until SSH answers from a new boot (its boot_id has changed): a node
+    that still answers right after `reboot` is the old boot going down, not the new one up."""
+    say = progress or (lambda _node, _text: None)
+    before = _boot_id(node)
+    if before is None:
+        return StepOutcome(step, "failed", None, "cannot read the boot_id before rebooting")
     try:
         result = node.run(step.command, sudo=step.sudo, timeout=30)
-    except Exception as exc:  # noqa: BLE001 - the connection drops as the node goes down
-        result = None
-        dropped = str(exc)
+    except Exception as exc:  # noqa: BLE001 - the connection may drop as the node goes down
+        result, dropped = None, f"connection dropped: {exc}"
     else:
         dropped = ""
+        if not result.ok:
+            return StepOutcome(step, "failed", result)
     node.close()
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
+    say(node.name, f"rebooting; waiting up to {wait_s:.0f} s for a new boot")
+    last_said, down_seen = started, False
     while time.monotonic() < deadline:
-        try:
-            if node.run("true", timeout=10).ok:
-                return StepOutcome(step, "ok", result, dropped)
-        except Exception:  # noqa: BLE001 - not back yet
-            node.close()
-        time.sleep(5)
-    return StepOutcome(step, "failed", result, f"not back after {wait_s:.0f} s")
+        now = _boot_id(node)
+        elapsed = time.monotonic() - started
+        if now is not None and now != before:
+            return StepOutcome(step, "ok", result,
+                               f"back after {elapsed:.0f} s (boot_id {before[:8]}… → {now[:8]}…)")
+        if now is None and not down_seen:
+            down_seen = True
+            say(node.name, f"down after {elapsed:.0f} s")
+        elif time.monotonic() - last_said >= 10:
+            last_said = time.monotonic()
+            say(node.name, f"{'still down' if now is None else 'still the old boot'} "
+                           f"after {elapsed:.0f} s (deadline {wait_s:.0f} s)")
+        node.close()
+        time.sleep(REBOOT_POLL_S)
+    return StepOutcome(step, "failed", result,
+                       f"no new boot after {wait_s:.0f} s{f' ({dropped})' if dropped else ''}")
 
 
 def run_plans(node: Node, plans: Sequence[tuple[int, Plan]], approved: set[tuple[int, int]],
-              allow_reboot: bool, reboot_wait_s: float = REBOOT_WAIT_S) -> list[PlanOutcome]:
+              allow_reboot: bool, reboot_wait_s: float = REBOOT_WAIT_S,
+              progress: Progress | None = None) -> list[PlanOutcome]:
     outcomes = []
     for p, item in plans:
         outcome = PlanOutcome(item)
@@ -110,7 +147,7 @@ def run_plans(node: Node, plans: Sequence[tuple[int, Plan]], approved: set[tuple
                 if not allow_reboot:
                     outcome.steps.append(StepOutcome(step, "needs-reboot"))
                     break
-                outcome.steps.append(_reboot(node, step, reboot_wait_s))
+                outcome.steps.append(_reboot(node, step, reboot_wait_s, progress))
             else:
                 result = node.run(step.command, sudo=step.sudo, timeout=600)
                 outcome.steps.append(StepOutcome(step, "ok" if result.ok else "failed", result))
@@ -123,9 +160,11 @@ def run_plans(node: Node, plans: Sequence[tuple[int, Plan]], approved: set[tuple
 
 
 def execute(fleet: Fleet, plans: Sequence[Plan], approved: set[tuple[int, int]],
-            allow_reboot: bool) -> dict[str, list[PlanOutcome] | Exception]:
+            allow_reboot: bool, reboot_wait_s: float = REBOOT_WAIT_S,
+            progress: Progress | None = None) -> dict[str, list[PlanOutcome] | Exception]:
     by_node: dict[str, list[tuple[int, Plan]]] = {}
     for p, item in enumerate(plans):
         by_node.setdefault(item.node, []).append((p, item))
     involved = Fleet([n for n in fleet.nodes if n.name in by_node])
-    return dict(involved.map(lambda node: run_plans(node, by_node[node.name], approved, allow_reboot)))
+    return dict(involved.map(lambda node: run_plans(node, by_node[node.name], approved, allow_reboot,
+                                                    reboot_wait_s, progress)))

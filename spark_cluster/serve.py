@@ -16,7 +16,7 @@ from .facts_probe import remote_path
 from .remote import Fleet, Node
 from .secrets import exports, stdin_lines
 from .serve_plan import NodeCommand, ServePlan, launch_record
-from .session import stop_session_command
+from .session import record_session, session_of, stop_session_command
 
 
 RECORD = "vllm.json"  # beside the head's log: what the running vLLM was started with
@@ -89,7 +89,7 @@ def start_command(command: NodeCommand) -> str:
     else:  # the client stays on the node, so the log stays on the node's disk
         run = f"setsid nohup {line}"
     return (f"{secrets}mkdir -p {d} && {rotate_command(log)} && cd {d} && "
-            f"{{ {run} >> {log} 2>&1 < /dev/null & echo $! > {d}/vllm.pid; }} && echo started")
+            f"{{ {run} >> {log} 2>&1 < /dev/null & {record_session(d + '/vllm.pid')}; }} && echo started")
 
 
 KEPT_LOGS = 3
@@ -146,7 +146,8 @@ def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
 
 def running(node: Node, command: NodeCommand) -> bool:
     d = _dir(command)
-    result = node.run(f"sid=$(cat {d}/vllm.pid 2>/dev/null) && pgrep -s \"$sid\" >/dev/null", timeout=20)
+    result = node.run(f"{session_of(d + '/vllm.pid')}; [ -n \"$sid\" ] && pgrep -s \"$sid\" >/dev/null",
+                      timeout=20)
     return result.ok
 
 

@@ -2,6 +2,31 @@
 
 from __future__ import annotations
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# A process's start time (clock ticks since boot): field 22 of /proc/PID/stat, the 20th after
+# the `pid (comm) ` prefix (comm may hold spaces, never `) `... but its last `) ` ends it).
+_START = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
+
+
+def record_session(pid_file: str) -> str:
+    """Shell that records the session just started in the background (`$!`) in `pid_file`
+    (a shell word): its id, this boot's id and its leader's start time, so that a later run
+    can tell it from a process that got the same pid after a reboot or after it ended."""
+    return f"echo \"$! $(cat {BOOT_ID}) $({_START.format(pid='$!')})\" > {pid_file}"
+
+
+def session_of(pid_file: str) -> str:
+    """Shell that sets $sid to the session recorded in `pid_file`, or to nothing when the record
+    is of another boot, or the pid now names another process (another start time), or there
+    is no record. While a session lives Linux gives its id to no other process, so with its
+    leader gone the id still names only what is left of that session."""
+    return (
+        f"sid=; boot=; start=; {{ read -r sid boot start < {pid_file}; }} 2>/dev/null; "
+        f"[ -n \"$boot\" ] && [ \"$boot\" = \"$(cat {BOOT_ID})\" ] || sid=; "
+        "case \"$sid\" in ''|*[!0-9]*) sid= ;; esac; "
+        f"if [ -n \"$sid\" ] && [ -e /proc/$sid/stat ] && [ \"$({_START.format(pid='$sid')})\" != \"$start\" ]; then sid=; fi"
+    )
+
 
 def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
                          also_remove: tuple[str, ...] = ()) -> str:
@@ -14,11 +39,15 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
 
     `directory` is a shell word (see facts_probe.remote_path); file names are plain words.
     Exits 0 when none of the session is left (or there was none), 1 naming what is left.
+    A pid recorded in another boot, or now naming another process, is never signalled.
     """
     waits = int(grace_s / 0.2)
     removed = " ".join(f'"$d/{name}"' for name in (pid_file, *also_remove))
+    recorded = session_of(f'"$d/{pid_file}"')
     return (
-        f"d={directory}; [ -f \"$d/{pid_file}\" ] || exit 0; sid=$(cat \"$d/{pid_file}\"); "
+        f"d={directory}; [ -f \"$d/{pid_file}\" ] || exit 0; {recorded}; "
+        # A record of another boot or of a process that is no longer ours: nothing to stop.
+        f"if [ -z \"$sid\" ]; then rm -f {removed}; exit 0; fi; "
         # The leader is the process whose pid is the session id (Linux reuses neither while the session lives).
         "if [ \"$(ps -o sid= -p \"$sid\" 2>/dev/null | tr -d ' ')\" = \"$sid\" ]; then kill -TERM \"$sid\"; "
         "else pkill -TERM -s \"$sid\"; fi 2>/dev/null; "

@@ -124,7 +124,7 @@ def check_report(data: dict) -> None:
                     for kind, n in counts.items())))
 
 
-def fix_plan(plans: list) -> None:
+def fix_plan(plans: list, *, sudo_password: bool = False) -> None:
     if not plans:
         console.print("nothing to fix: no blocking finding names a playbook")
         return
@@ -135,7 +135,8 @@ def fix_plan(plans: list) -> None:
         for step in item.steps:
             flags = " [reboot: only with --reboot]" if step.reboot else ""
             flags += " [asks first]" if step.confirm else ""
-            console.print(Text(f"    $ {step.shown}") + Text(flags, style="yellow"))
+            console.print(Text(f"    $ {step.shown_with(password=sudo_password)}")
+                          + Text(flags, style="yellow"))
             if step.skip_if:
                 console.print(Text(f"      (skipped if: {step.skip_if})", style="dim"))
         if item.verify:

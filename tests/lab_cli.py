@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+REBOOT_S = 20.0  # how long a lab node stays down when it reboots (a Spark: a minute or more)
 
 LAB_MARKS = [
     pytest.mark.lab,
@@ -36,7 +37,7 @@ def fresh_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
     simlab.down()
-    simlab.up(2, inventory_out=inventory)
+    simlab.up(2, inventory_out=inventory, reboot_s=REBOOT_S)
     yield inventory
     cli("down", str(inventory))
     assert simlab.down() == []

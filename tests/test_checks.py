@@ -38,7 +38,7 @@ ALL_IDS = {
     "memory.held-by-cluster", "memory.low", "memory.page-cache", "model.differs", "model.missing", "os.reboot-required",
     "rdma.module-not-loaded", "ssh.unreachable", "sudo.needs-password", "versions.image-differs",
     "versions.ray-differs", "versions.vllm-differs", "versions.python-differs",
-    "versions.driver-differs", "versions.kernel-differs",
+    "versions.driver-differs", "versions.kernel-differs", "facts.slow", "facts.probe-slow",
     "driver.nvidia-smi-hung", "driver.proprietary-modules", "driver.adapter-init-failed", "driver.xid",
     "probe.failed", "link.wrong-port", "driver.unreachable",
     "runtime.docker-missing", "runtime.docker-access", "runtime.docker-down", "runtime.docker-failed",
@@ -524,11 +524,11 @@ def test_kernel_update_fix_commands_exactly() -> None:
     hit = only(findings_of(raws), "driver.modules-missing")
     packages = "linux-modules-nvidia-580-open-6.17.0-1018-nvidia linux-modules-nvidia-580-open-nvidia-hwe-24.04"
     assert fix_commands(hit) == [
-        "sudo sh -c 'apt-get update -q'",
-        f"sudo sh -c 'apt-get install -s {packages}'",
-        f"sudo sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y {packages}'",
-        "sudo sh -c 'modprobe nvidia && modprobe nvidia_uvm'",
-        "sudo sh -c 'systemctl restart nvidia-persistenced'",
+        "sudo -n -- sh -c 'apt-get -o DPkg::Lock::Timeout=300 update -q'",
+        f"sudo -n -- sh -c 'apt-get install -s {packages}'",
+        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y {packages}'",
+        "sudo -n -- sh -c 'modprobe nvidia && modprobe nvidia_uvm'",
+        "sudo -n -- sh -c 'systemctl restart nvidia-persistenced'",
     ]
 
 
@@ -550,21 +550,21 @@ def test_driver_mismatch_names_both_versions_and_reboots() -> None:
     assert hit.evidence == ("nvidia-smi (exit 18): Failed to initialize NVML: Driver/library version mismatch; "
                             f"loaded module {DRIVER}, dpkg: nvidia-utils-580 {NEW_DRIVER}")
     assert hit.fix is not None and hit.fix.playbook == "reboot"
-    assert fix_commands(hit) == ["sudo sh -c 'systemctl reboot 2>/dev/null || reboot'"]
+    assert fix_commands(hit) == ["sudo -n -- sh -c 'systemctl reboot 2>/dev/null || reboot'"]
 
 
 def test_module_unloaded_loads_only_nvidia_uvm() -> None:
     raws, _ = lab_fault("module-unloaded")
     hit = only(findings_of(raws), "driver.module-not-loaded")
     assert hit.evidence == "lsmod: no nvidia_uvm"
-    assert fix_commands(hit) == ["sudo sh -c 'for m in nvidia_uvm; do modprobe \"$m\" || exit 1; done'"]
+    assert fix_commands(hit) == ["sudo -n -- sh -c 'for m in nvidia_uvm; do modprobe \"$m\" || exit 1; done'"]
 
 
 def test_link_down_blames_the_end_switched_off() -> None:
     raws, _ = lab_fault("link-down")
     hit = only(findings_of(raws), "link.down")
     assert "administratively down on spark-b" in hit.message
-    assert fix_commands(hit) == ["sudo sh -c 'ip link set dev enp1s0f1np1 up'"]
+    assert fix_commands(hit) == ["sudo -n -- sh -c 'ip link set dev enp1s0f1np1 up'"]
 
 
 def test_cable_out_shows_on_both_ends() -> None:
@@ -583,7 +583,7 @@ def test_mtu_fix_commands() -> None:
     raws, _ = lab_fault("mtu")
     hit = only(findings_of(raws), "link.mtu-mismatch")
     assert "MTU 1500" in hit.message and "want 9000" in hit.message
-    assert fix_commands(hit) == ["sudo sh -c 'ip link set dev enp1s0f1np1 mtu 9000'"]
+    assert fix_commands(hit) == ["sudo -n -- sh -c 'ip link set dev enp1s0f1np1 mtu 9000'"]
 
 
 def test_memory_hog_names_the_process_and_memory() -> None:
@@ -592,9 +592,9 @@ def test_memory_hog_names_the_process_and_memory() -> None:
     assert "ollama (pid 4242)" in hit.message and "MemAvailable 14.0 GiB" in hit.message
     assert hit.fix is not None and dict(hit.fix.params) == {"pids": "4242", "names": "ollama"}
     assert fix_commands(hit) == [
-        "sudo sh -c 'for n in ollama; do systemctl is-active --quiet \"$n\" 2>/dev/null && "
+        "sudo -n -- sh -c 'for n in ollama; do systemctl is-active --quiet \"$n\" 2>/dev/null && "
         "systemctl stop \"$n\"; done; true'",
-        "sudo sh -c 'kill -TERM 4242 2>/dev/null; for i in $(seq 100); do kill -0 4242 2>/dev/null "
+        "sudo -n -- sh -c 'kill -TERM 4242 2>/dev/null; for i in $(seq 100); do kill -0 4242 2>/dev/null "
         "|| exit 0; sleep 0.1; done; exit 1'",
     ]
 
@@ -628,7 +628,7 @@ def test_clock_skew_names_the_fast_node_not_the_other() -> None:
     raws, skew = lab_fault("clock-skew")
     hit = only(findings_of(raws, clock_skew=skew), "clock.skew")
     assert hit.node == "spark-b" and "7.5 s ahead" in hit.message
-    assert fix_commands(hit) == ["sudo sh -c 'timedatectl set-ntp true'"]
+    assert fix_commands(hit) == ["sudo -n -- sh -c 'timedatectl set-ntp true'"]
 
 
 def test_this_machines_clock_off_blames_no_node() -> None:
@@ -715,7 +715,7 @@ def test_next_boot_kernel_without_modules_warns_before_the_reboot() -> None:
     assert ids(findings) == [("spark-b", "driver.next-boot-modules-missing", "warning")]
     assert "6.17.0-1021-nvidia" in findings[0].message
     assert fix_commands(findings[0])[1] == (
-        "sudo sh -c 'apt-get install -s linux-modules-nvidia-580-open-6.17.0-1021-nvidia "
+        "sudo -n -- sh -c 'apt-get install -s linux-modules-nvidia-580-open-6.17.0-1021-nvidia "
         "linux-modules-nvidia-580-open-nvidia-hwe-24.04'")
     # Removing that kernel again (its image left in `rc`) clears the warning.
     rows["linux-image-6.17.0-1021-nvidia"] = ("rc", "6.17.0-1021.21")
@@ -729,7 +729,7 @@ def test_rdma_modules_not_loaded() -> None:
     findings = findings_of(raws)
     assert ids(findings) == [("spark-a", "rdma.module-not-loaded", "warning")]
     assert fix_commands(findings[0]) == [
-        "sudo sh -c 'for m in mlx5_ib rdma_ucm; do modprobe \"$m\" || exit 1; done'"]
+        "sudo -n -- sh -c 'for m in mlx5_ib rdma_ucm; do modprobe \"$m\" || exit 1; done'"]
 
 
 # --- links ---------------------------------------------------------------------------------------
@@ -740,7 +740,7 @@ def test_address_missing() -> None:
     set_probe(raws["spark-a"], "ping:enP2p1s0f1np1:spark-b", "", 1)
     findings = findings_of(raws)
     assert blockers(findings) == [("spark-b", "link.address-missing")]
-    assert fix_commands(findings[0]) == ["sudo sh -c 'ip addr add 192.168.101.11/24 dev enP2p1s0f1np1'"]
+    assert fix_commands(findings[0]) == ["sudo -n -- sh -c 'ip addr add 192.168.101.11/24 dev enP2p1s0f1np1'"]
 
 
 def test_interface_missing() -> None:
@@ -778,7 +778,7 @@ def test_page_cache_warns() -> None:
     set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=112 * GIB // KIB, cached_kib=40 * GIB // KIB))
     findings = findings_of(raws)
     assert ids(findings) == [("spark-a", "memory.page-cache", "warning")]
-    assert fix_commands(findings[0]) == ["sudo sh -c 'sync && echo 3 > /proc/sys/vm/drop_caches'"]
+    assert fix_commands(findings[0]) == ["sudo -n -- sh -c 'sync && echo 3 > /proc/sys/vm/drop_caches'"]
 
 
 def test_memory_low_with_page_cache_drops_caches() -> None:
@@ -821,7 +821,7 @@ def test_sudo_and_reboot_required() -> None:
     assert ids(findings) == [("spark-a", "sudo.needs-password", "warning"),
                              ("spark-a", "os.reboot-required", "info")]
     assert findings[0].evidence == "sudo -n true: sudo: a password is required"
-    assert "root ALL=(ALL) NOPASSWD: ALL" in (findings[0].fix.note if findings[0].fix else "")
+    assert "nvidia ALL=(ALL) NOPASSWD: ALL" in (findings[0].fix.note if findings[0].fix else "")
 
 
 # --- across nodes: versions, model files ----------------------------------------------------------

@@ -66,7 +66,7 @@ def test_the_kernel_update_paste_with_its_notes() -> None:
         ("modinfo", "modinfo nvidia"), ("dpkg", "dpkg -l | grep linux-modules-nvidia-580-open")]
     (hit,) = data["findings"]
     assert "6.17.0-1018-nvidia" in hit["message"]
-    assert "sudo sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y " \
+    assert "sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y " \
            "linux-modules-nvidia-580-open-6.17.0-1018-nvidia'" in hit["fix"]["commands"]
     # lsmod was cut by grep: RDMA modules are not claimed missing, they are unknown.
     assert "lsmod was cut by grep: which RDMA modules are loaded" in data["unknown"]

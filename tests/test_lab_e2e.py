@@ -176,7 +176,7 @@ def test_wrong_key_is_an_authentication_failure(lab, tmp_path: Path) -> None:
 
 def test_stopped_node_is_reported_while_the_other_answers(lab) -> None:
     lab_, inventory = lab
-    stopped = lab_.node("spark-b").sshd_pid
+    stopped = simlab.sshd_of(lab_.node("spark-b"))
     os.kill(stopped, signal.SIGSTOP)
     try:
         done = cli("exec", str(inventory), "--", "hostname")
@@ -185,7 +185,7 @@ def test_stopped_node_is_reported_while_the_other_answers(lab) -> None:
     assert done.returncode == 1
     assert "spark-a: exit 0" in done.stdout and "\nspark-a\n" in done.stdout
     assert "spark-b: failed" in done.stdout
-    assert "spark-b: no answer from root@10.117.0.12:22" in done.stdout
+    assert "spark-b: no answer from nvidia@10.117.0.12:22" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
 
 

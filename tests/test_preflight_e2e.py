@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli
+from lab_cli import LAB_MARKS, REBOOT_S, cli, on_node
 
 from spark_cluster.sim import lab as simlab
 from spark_cluster.sim.breakage import break_node, heal_node
@@ -27,6 +30,7 @@ EXPECTED = {
     "memory-hog": ("memory.competing-process", "blocker"),
     "disk-full": ("disk.full", "blocker"),
     "clock-skew": ("clock.skew", "warning"),
+    "sudo-password": ("sudo.needs-password", "warning"),
 }
 
 
@@ -34,6 +38,14 @@ def check(inventory: Path) -> tuple[int, dict]:
     done = cli("check", str(inventory), "--json")
     assert "Traceback" not in done.stderr, done.stderr
     return done.returncode, json.loads(done.stdout)
+
+
+def cli_with_password(inventory: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`spark-cluster COMMAND INVENTORY --ask-sudo-pass ARGS`, the lab's password typed in (no
+    terminal: getpass reads it from stdin)."""
+    return subprocess.run([sys.executable, "-m", "spark_cluster", command, str(inventory),
+                           "--ask-sudo-pass", *args], input=simlab.sudo_password() + "\n",
+                          capture_output=True, text=True, timeout=300, start_new_session=True)
 
 
 def blockers(report: dict) -> list[tuple[str, str]]:
@@ -44,7 +56,7 @@ def blockers(report: dict) -> list[tuple[str, str]]:
 def lab(tmp_path_factory: pytest.TempPathFactory):
     inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
     simlab.down()
-    lab_, _ = simlab.up(2, inventory_out=inventory)
+    lab_, _ = simlab.up(2, inventory_out=inventory, reboot_s=REBOOT_S)
     yield lab_, inventory
     assert simlab.down() == []
 
@@ -93,11 +105,18 @@ def test_each_fault_is_the_right_finding_on_the_right_node(healthy, fault: str) 
     assert code == (1 if severity == "blocker" else 0)
 
 
-@pytest.mark.parametrize("fault", ["kernel-update", "module-unloaded", "memory-hog", "mtu"])
-def test_fix_yes_repairs_and_check_passes_again(healthy, fault: str) -> None:
+@pytest.mark.parametrize("password", [False, True], ids=["nopasswd", "ask-sudo-pass"])
+@pytest.mark.parametrize("fault", ["kernel-update", "module-unloaded", "memory-hog", "mtu", "link-down"])
+def test_fix_yes_repairs_and_check_passes_again(healthy, fault: str, password: bool) -> None:
+    """Each playbook a fault calls for, as the login user: sudo without a password, and with
+    the password rule on and the password given once (every line runs whole as root)."""
     lab_, inventory = healthy
     break_node(lab_, "spark-b", fault)
-    done = cli("fix", str(inventory), "--yes")
+    if password:
+        break_node(lab_, "spark-b", "sudo-password")
+        done = cli_with_password(inventory, "fix", "--yes")
+    else:
+        done = cli("fix", str(inventory), "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"fixed: spark-b: {EXPECTED[fault][0]}" in done.stdout
     code, report = check(inventory)
@@ -112,7 +131,7 @@ def test_dry_run_changes_nothing(healthy) -> None:
     done = cli("fix", str(inventory), "--dry-run")
     assert done.returncode == 0, done.stderr
     # It says exactly what would run, on which node...
-    assert ("sudo sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y "
+    assert ("sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y "
             "linux-modules-nvidia-580-open-6.17.0-1018-nvidia") in done.stdout
     assert "spark-b  driver-repair" in done.stdout and "spark-a  stop-competing-servers" in done.stdout
     # ...and changes nothing anywhere.
@@ -139,15 +158,26 @@ def test_driver_mismatch_needs_reboot_and_reboots_only_when_asked(healthy) -> No
     assert done.returncode == 1
     assert "needs a reboot: spark-b" in done.stdout
     assert check(inventory)[0] == 1
+    boot_id = "cat /proc/sys/kernel/random/boot_id"
+    before = on_node(inventory, "spark-b", boot_id).stdout.split()[-1]
+    started = time.monotonic()
     done = cli("fix", str(inventory), "--yes", "--reboot")
+    took = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
+    # It waited for the node to go down and come back from a new boot, saying so as it went.
+    assert "spark-b  rebooting; waiting up to 900 s for a new boot" in done.stdout
+    assert "spark-b  down after" in done.stdout
+    assert re.search(r"back after \d+ s \(boot_id \w{8}… → \w{8}…\)", done.stdout)
+    assert REBOOT_S <= took < REBOOT_S + 30, took
     assert "fixed: spark-b: driver.version-mismatch" in done.stdout
+    after = on_node(inventory, "spark-b", boot_id).stdout.split()[-1]
+    assert after != before and len(after) == 36
     assert check(inventory)[0] == 0
 
 
 def test_unreachable_node_is_one_finding(healthy) -> None:
     lab_, inventory = healthy
-    frozen = lab_.node("spark-b").sshd_pid
+    frozen = simlab.sshd_of(lab_.node("spark-b"))
     os.kill(frozen, signal.SIGSTOP)
     try:
         code, report = check(inventory)

@@ -49,14 +49,14 @@ def test_up_until_ray_brings_both_nodes_up_on_the_link(lab) -> None:
     heads = [n["ip"] for n in report["ray"]["nodes"] if n["head"]]
     assert heads == ["192.168.100.10"]
     # Each node's Ray carries that node's own environment, not the head's.
-    env = on_node(lab, "spark-b", "tr '\\0' '\\n' < /proc/$(cat ~/.cache/spark-cluster/sim/ray.pid)/environ")
+    env = on_node(lab, "spark-b", "tr '\\0' '\\n' < /proc/$(cut -d' ' -f1 ~/.cache/spark-cluster/sim/ray.pid)/environ")
     assert "VLLM_HOST_IP=192.168.100.11" in env.stdout
     assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in env.stdout
 
 
 def test_second_up_reuses_the_cluster(lab) -> None:
     def session() -> str:  # the last line: the header above it carries the command's timing
-        return on_node(lab, "spark-a", "cat ~/.cache/spark-cluster/sim/ray.pid").stdout.splitlines()[-1]
+        return on_node(lab, "spark-a", "cut -d' ' -f1 ~/.cache/spark-cluster/sim/ray.pid").stdout.splitlines()[-1]
 
     before = session()
     assert before.isdigit()

@@ -46,9 +46,9 @@ def test_the_api_key_reaches_no_ray_worker_and_no_state_file(lab: Path, tmp_path
     key = KEY_HEAD + KEY_TAIL
     inventory = tmp_path / "keyed.yaml"
     text = lab.read_text()
-    assert "  executor: ray\n" in text and "  hf_cache: /root/.cache/huggingface\n" in text
-    inventory.write_text(text.replace("  hf_cache: /root/.cache/huggingface\n",
-                                      "  hf_cache: /root/.cache/huggingface\n  api_key_env: SPARK_LAB_API_KEY\n"))
+    assert "  executor: ray\n" in text and "  hf_cache: /home/nvidia/.cache/huggingface\n" in text
+    inventory.write_text(text.replace("  hf_cache: /home/nvidia/.cache/huggingface\n",
+                                      "  hf_cache: /home/nvidia/.cache/huggingface\n  api_key_env: SPARK_LAB_API_KEY\n"))
     done = cli("up", str(inventory), env={"SPARK_LAB_API_KEY": key})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ready: spark-lab/tiny-moe serves" in done.stdout

@@ -187,7 +187,7 @@ def test_a_port_taken_on_the_head_ends_up_with_port_in_use(real: Path) -> None:
 
 
 def test_the_model_missing_on_spark_b_blocks_before_anything_starts(real: Path) -> None:
-    on(real, "spark-b", "rm -rf /root/.cache/huggingface/hub/models--spark-lab--tiny-moe")
+    on(real, "spark-b", "rm -rf /home/nvidia/.cache/huggingface/hub/models--spark-lab--tiny-moe")
     check = cli("check", str(real))
     assert check.returncode == 1 and "model.differs" in check.stdout and "spark-b" in check.stdout, check.stdout
     done = cli("up", str(real))

@@ -19,7 +19,7 @@ from spark_cluster.remote import (
     Fleet,
     LocalNode,
     Result,
-    as_sudo,
+    sudo_line,
     with_env,
 )
 from spark_cluster.ssh_connect import UnknownHostKey, _translate, known_hosts_files
@@ -57,7 +57,7 @@ def test_env_values_reach_the_command_unchanged(key: str, value: str) -> None:
 @given(word=shell_text)
 def test_sudo_wrapping_keeps_the_command_intact(word: str) -> None:
     inner = f"printf %s {shlex.quote(word)}"
-    wrapped = as_sudo(inner)
+    wrapped = sudo_line(inner)
     assert wrapped.startswith("sudo -n -- sh -c ")
     # Strip the sudo prefix and let a shell run what sudo would run.
     argv = shlex.split(wrapped)

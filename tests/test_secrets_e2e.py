@@ -44,7 +44,7 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     seen = done.stdout + done.stderr
     # The API listens on the head's loopback only: `up` reached it through SSH, nothing else can.
-    assert "ssh -N -L 8000:127.0.0.1:8000 root@10.117.0.11" in done.stderr
+    assert "ssh -N -L 8000:127.0.0.1:8000 nvidia@10.117.0.11" in done.stderr
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen("http://10.117.0.11:8000/health", timeout=5)
     listening = cli("exec", str(inventory), "--node", "spark-a", "--", "ss -ltnH | awk '{print $4}'").stdout

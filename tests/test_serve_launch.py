@@ -22,10 +22,10 @@ def command(tmp_path: Path, script: str, secrets: dict[str, str] | None = None) 
                        secrets=MappingProxyType(secrets or {}))
 
 
-def wait_for(path: Path, deadline_s: float = 10.0) -> str:
+def wait_for(path: Path, deadline_s: float = 10.0, last: str = "") -> str:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        if path.exists() and path.read_text().endswith("\n"):
+        if path.exists() and path.read_text().endswith(f"{last}\n"):
             return path.read_text()
         time.sleep(0.05)
     raise AssertionError(f"{path} was not written within {deadline_s} s")
@@ -42,11 +42,13 @@ def test_the_key_reaches_the_process_through_stdin_and_nowhere_else(
     assert KEY not in line and "SPARK_API_KEY" not in line
     result = LocalNode().run(line, stdin=secret_values(cmd))
     assert result.ok and result.stdout.strip() == "started", result.stderr
-    log = wait_for(tmp_path / "state" / "vllm.log")
+    log = wait_for(tmp_path / "state" / "vllm.log", last="done")
     first, *command_lines = log.splitlines()
     assert first == f"key={KEY} mark=spark-lab"
     assert command_lines[-1] == "done" and not any(KEY in c for c in command_lines)
-    assert (tmp_path / "state" / "vllm.pid").read_text().strip().isdigit()
+    sid, boot_id, start = (tmp_path / "state" / "vllm.pid").read_text().split()
+    assert sid.isdigit() and start.isdigit()
+    assert boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def test_a_missing_or_multiline_key_stops_before_anything_starts(

@@ -80,7 +80,7 @@ def test_sim_name_only_host_runtime() -> None:
     assert argv[:5] == ["/run/spark-lab/python", "-m", "vllm.entrypoints.cli.main", "serve", "spark-lab/tiny-moe"]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
-    assert plan.head.container is None and plan.head.env["HF_HOME"] == "/root/.cache/huggingface"
+    assert plan.head.container is None and plan.head.env["HF_HOME"] == "/home/nvidia/.cache/huggingface"
     assert plan.recipe is None and plan.weights_gib_per_node is None
     assert plan.endpoint == "http://10.117.0.11:8000/v1"
     assert plan.head.shell().startswith("VLLM_HOST_IP=192.168.100.10 ")

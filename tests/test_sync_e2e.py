@@ -17,7 +17,7 @@ from lab_cli import LAB_MARKS, REPO, cli, fresh_lab, on_node
 
 pytestmark = LAB_MARKS
 
-MODEL = "/root/.cache/huggingface/hub/models--spark-lab--tiny-moe"
+MODEL = "/home/nvidia/.cache/huggingface/hub/models--spark-lab--tiny-moe"
 SNAP = f"{MODEL}/snapshots/*"
 # Every file's SHA-256 and mode, every link's target and whether it resolves.
 TREE = (f"cd {MODEL} && find . -mindepth 1 ! -type d | sort | while read -r f; do "
@@ -102,8 +102,8 @@ def test_full_disk_refused_before_a_byte_moves(lab: Path) -> None:
 
 def test_up_stages_the_weights_before_its_runtime(lab: Path, tmp_path: Path) -> None:
     inventory = tmp_path / "staged.yaml"
-    inventory.write_text(lab.read_text().replace("  hf_cache: /root/.cache/huggingface",
-                                                 "  hf_cache: /root/.cache/huggingface\n  sync: true"))
+    inventory.write_text(lab.read_text().replace("  hf_cache: /home/nvidia/.cache/huggingface",
+                                                 "  hf_cache: /home/nvidia/.cache/huggingface\n  sync: true"))
     reference = tree(lab, "spark-a")
     assert on_node(lab, "spark-b", f"rm {blob_of(lab, 7)}").returncode == 0
     try:

@@ -92,8 +92,8 @@ def test_second_up_reuses_the_server_and_check_stays_clean(lab) -> None:
 
 def test_a_changed_launch_is_said_and_restart_replaces_it(lab, tmp_path: Path) -> None:
     changed = tmp_path / "changed.yaml"
-    changed.write_text(lab.read_text().replace("  hf_cache: /root/.cache/huggingface\n",
-                                               "  hf_cache: /root/.cache/huggingface\n  args: {max-model-len: 4096}\n"))
+    changed.write_text(lab.read_text().replace("  hf_cache: /home/nvidia/.cache/huggingface\n",
+                                               "  hf_cache: /home/nvidia/.cache/huggingface\n  args: {max-model-len: 4096}\n"))
     refused = cli("up", str(changed))
     assert refused.returncode == 1
     assert "spark-a: vllm arguments: + --max-model-len 4096" in refused.stderr and "--restart" in refused.stderr
@@ -126,7 +126,7 @@ def test_bench_measures_the_rates_of_seed_003(lab) -> None:
 
 def test_watch_restarts_a_dead_engine(lab) -> None:
     killed = cli("exec", str(lab), "--node", "spark-a", "--",
-                 "pkill -KILL -s $(cat ~/.cache/spark-cluster/sim/vllm.pid) && echo killed")
+                 "pkill -KILL -s $(cut -d' ' -f1 ~/.cache/spark-cluster/sim/vllm.pid) && echo killed")
     assert "killed" in killed.stdout
     done = cli("watch", str(lab), "--restart-on-failure", "--count", "6", timeout=240)
     assert "vLLM is not running: restart 1/3 in 2 s" in done.stdout
@@ -229,7 +229,7 @@ def test_container_runtime_with_an_api_key_from_the_environment(lab, tmp_path: P
     boxed = tmp_path / "boxed.yaml"
     boxed.write_text(lab.read_text().replace(
         "  runtime: host\n", "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n").replace(
-        "  hf_cache: /root/.cache/huggingface\n", "  hf_cache: /root/.cache/huggingface\n  api_key_env: SPARK_LAB_API_KEY\n"))
+        "  hf_cache: /home/nvidia/.cache/huggingface\n", "  hf_cache: /home/nvidia/.cache/huggingface\n  api_key_env: SPARK_LAB_API_KEY\n"))
     unset = cli("up", str(boxed))
     assert unset.returncode == 1 and "names SPARK_LAB_API_KEY, which is not set here" in unset.stderr
     assert "[1] check" not in unset.stdout  # said before anything was checked or started

@@ -167,6 +167,15 @@ def check_clocks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterat
 
 
 def check_access(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
+    from .driver import WATCHED  # those have their own finding (probe.failed, nvidia-smi-hung)
+
+    for name, probe in facts.probes.items():
+        if name not in WATCHED and probe.rc == 124 and probe.err.startswith("timed out after "):
+            yield warning(
+                "facts.probe-slow", facts.node,
+                f"slow probe {name} on {facts.node}: no answer in {probe.err[16:]}, so what it "
+                "looks at is not checked (the node itself answered)",
+                f"{name}: {probe.err}", manual(f"see what makes it slow on {facts.node}"))
     if not facts.sudo_ok:
         sudo = facts.probe("sudo")
         yield warning(

@@ -7,17 +7,19 @@ changes, a process named `ollama` runs, the model filesystem fills up.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 
 from ..errors import LabError
 from . import netns
 from .faults import FAULTS, apply_fault, heal
-from .lab import Lab, LabNode, pid_alive
+from .lab import LOGIN_USER, Lab, LabNode, pid_alive, sudoers_rule
 from .cabling import OTHER_PORT, swap_ports
 from .history import unattended_run, write_history
 from .state import locked_state, userspace_driver
 
-FILLER = "/root/.cache/.spark-lab-filler"
+HOME = f"/home/{LOGIN_USER}"
+FILLER = f"{HOME}/.cache/.spark-lab-filler"
 
 
 def in_node(node: LabNode, command: list[str]) -> subprocess.CompletedProcess[str]:
@@ -75,11 +77,17 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
         done = f"{name}: unattended-upgrades upgraded the driver under the loaded module"
     elif fault == "disk-full":
         filled = in_node(node, ["sh", "-c",
-                                "avail=$(df --output=avail -B1 /root/.cache | tail -n 1);"
+                                f"avail=$(df --output=avail -B1 {HOME}/.cache | tail -n 1);"
                                 f" fallocate -l \"$avail\" {FILLER}"])
         if filled.returncode != 0:
-            raise LabError(f"{name}: could not fill /root/.cache: {filled.stderr.strip()}")
-        done = f"{name}: the filesystem of /root/.cache/huggingface is full"
+            raise LabError(f"{name}: could not fill {HOME}/.cache: {filled.stderr.strip()}")
+        done = f"{name}: the filesystem of {HOME}/.cache/huggingface is full"
+    elif fault == "sudo-password":
+        _sudo_rule(node, password=True)
+        done = f"{name}: sudo asks {LOGIN_USER} for a password (the lab's is in /run/spark-lab/sudo-password)"
+    elif fault == "docker-group":
+        _docker_member(node, False)
+        done = f"{name}: {LOGIN_USER} is not in the docker group (from its next login on)"
     else:
         done = f"{name}: {fault}"
     with locked_state(node.paths) as state:
@@ -105,6 +113,8 @@ def heal_node(lab: Lab, name: str) -> str:
     for rail in netns.RAILS:
         netns.set_link(name, rail.interface, mtu=netns.LINK_MTU, up=True)
     in_node(node, ["rm", "-f", FILLER])
+    _sudo_rule(node, password=False)
+    _docker_member(node, True)
     with locked_state(node.paths) as state:
         pids = _hog_pids(state)
     if pids:  # numbered as the node sees them, so killed from inside it
@@ -112,6 +122,25 @@ def heal_node(lab: Lab, name: str) -> str:
     with locked_state(node.paths) as state:
         _replace(state, heal(state))
     return f"{name}: healed"
+
+
+def _sudo_rule(node: LabNode, password: bool) -> None:
+    """Rewrite the node's sudoers rule from inside it (its /etc is an overlay)."""
+    done = in_node(node, ["sh", "-c", f"printf '%s' {shlex.quote(sudoers_rule(password))} "
+                          "> /etc/sudoers.d/spark-lab && chmod 0440 /etc/sudoers.d/spark-lab"])
+    if done.returncode != 0:
+        raise LabError(f"{node.name}: could not change the sudo rule: {done.stderr.strip()}")
+
+
+def _docker_member(node: LabNode, member: bool) -> None:
+    """Add the login user to the node's docker group, or take it out."""
+    script = ("awk -F: -v OFS=: -v u=\"$1\" -v add=\"$2\" '$1 == \"docker\" { n = split($4, m, \",\"); s = \"\"; "
+              "for (i = 1; i <= n; i++) if (m[i] != u && m[i] != \"\") s = s (s ? \",\" : \"\") m[i]; "
+              "if (add) s = s (s ? \",\" : \"\") u; $4 = s } { print }' /etc/group > /etc/group.new "
+              "&& cat /etc/group.new > /etc/group && rm /etc/group.new")
+    done = in_node(node, ["sh", "-c", script, "sh", LOGIN_USER, "1" if member else ""])
+    if done.returncode != 0:
+        raise LabError(f"{node.name}: could not change the docker group: {done.stderr.strip()}")
 
 
 def _replace(state: dict, new: dict) -> None:

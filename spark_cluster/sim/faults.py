@@ -1,6 +1,8 @@
 """Faults as a real Spark gets them, at the level of the node's state (spark-hosts.md §1, §5).
 
-link-down, mtu, crossed-rails and disk-full are done live by the lab (interfaces, tmpfs); they are only
+link-down, mtu, crossed-rails, disk-full, sudo-password (the login user's sudo rule wants its password) and
+docker-group (the login user is not in the docker group) are done live by the lab
+(interfaces, tmpfs, the node's /etc); they are only
 recorded here so that `lab status` can list them. The state-level faults leave exactly what
 the real breakage leaves, so the real repair, run through the stand-ins, undoes it:
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 FAULTS: tuple[str, ...] = ("kernel-update", "driver-mismatch", "module-unloaded", "link-down", "mtu",
                            "memory-hog", "disk-full", "clock-skew", "proprietary-modules", "run-kernel-update",
                            "auto-upgrade", "nvidia-smi-hung", "cable-other-port",
-                           "crossed-rails")
+                           "crossed-rails", "sudo-password", "docker-group")
 ADAPTER_FAILED = "NVRM: GPU 000f:01:00.0: RmInitAdapter failed! (0x62:0x1a:2631)"
 HOG = "ollama"
 HOG_KIB = 104 * GIB_KIB

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -25,6 +26,7 @@ from . import netns
 from .checkpoint import REPO as CHECKPOINT_REPO
 from .checkpoint import write_checkpoint
 from .layout import LAB_ROOT, NodePaths
+from .node_init import BOOT_ID, DEFAULT_REBOOT_S, REBOOT_SECONDS
 from .state import healthy_state, render, save_state, write_etc, write_wrappers
 
 SSHD = "/usr/sbin/sshd"
@@ -46,7 +48,7 @@ class LabNode:
     name: str
     index: int
     address: str
-    sshd_pid: int  # PID 1 of the node's PID namespace, as this machine numbers it
+    sshd_pid: int  # PID 1 of the node's PID namespace (its init), as this machine numbers it
     launcher_pid: int  # `unshare`, our child: collected when the node stops
 
     @property
@@ -77,6 +79,22 @@ class Lab:
                 return node
         known = ", ".join(n.name for n in self.nodes)
         raise LabError(f"no node {name!r} in the lab (nodes: {known})")
+
+
+def sshd_of(node: LabNode) -> int | None:
+    """The pid (as this machine numbers it) of the node's sshd, a child of its init; None while
+    the node is rebooting."""
+    try:
+        children = Path(f"/proc/{node.sshd_pid}/task/{node.sshd_pid}/children").read_text().split()
+    except OSError:
+        return None
+    for pid in children:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
+                return int(pid)
+        except OSError:
+            continue
+    return None
 
 
 def require_root() -> None:
@@ -161,16 +179,35 @@ def _sshd_config(paths: NodePaths, lab_root: Path) -> str:
     )
 
 
-def _code_under_tmp() -> list[Path]:
-    """Top-level directories of /tmp that hold this code or its Python (a clone in /tmp, as CI
-    may make): a node's private /tmp would hide them, so the node gets them bound back."""
+def _code_places() -> list[Path]:
+    """Where this code and its Python live, resolved (a checkout, a venv, its base Python)."""
     import spark_cluster
 
-    places = {Path(spark_cluster.__file__).resolve().parents[1], Path(sys.prefix).resolve(),
-              Path(sys.executable).resolve()}
-    tmp = Path("/tmp")
-    return sorted({tmp / p.relative_to(tmp).parts[0] for p in places
-                   if p.is_relative_to(tmp) and p != tmp})
+    return [Path(spark_cluster.__file__).resolve().parents[1], Path(sys.prefix).resolve(),
+            Path(sys.base_prefix).resolve(), Path(sys.executable).resolve()]
+
+
+def _code_under(top: Path, depth: int = 1) -> list[Path]:
+    """The directories, `depth` levels below `top`, that hold this code or its Python (a clone
+    in /tmp or /root, as CI may make; pyenv's Python under /root): a node's own /tmp and /root
+    would hide them, so the node gets them bound back (and only them)."""
+    found = set()
+    for place in _code_places():
+        if place.is_relative_to(top) and place != top:
+            parts = place.relative_to(top).parts
+            found.add(top.joinpath(*parts[:min(depth, len(parts))]))
+    return sorted(found)
+
+
+def _code_under_tmp() -> list[Path]:
+    return _code_under(Path("/tmp"))
+
+
+def _code_under_root() -> list[Path]:
+    """/root is mode 700: the login user reaches code there only through the node's own /root,
+    a tmpfs it may traverse, with these directories bound at their own paths (the host's
+    /root is not touched)."""
+    return [p if p.is_dir() else p.parent for p in _code_under(Path("/root"), depth=3)]
 
 
 def _private_mounts(paths: NodePaths) -> list[str]:
@@ -189,16 +226,22 @@ def _private_mounts(paths: NodePaths) -> list[str]:
 
 
 def _boot_script(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> str:
-    """What runs inside the node's new mount and UTS namespaces before sshd takes over."""
-    keep = [(src, paths.root / "keep" / str(i)) for i, src in enumerate(_code_under_tmp())]
+    """What runs inside the node's new mount and UTS namespaces before its init takes over."""
+    places = _code_under_tmp() + _code_under_root()
+    keep = [(src, paths.root / "keep" / str(i)) for i, src in enumerate(places)]
     for _, view in keep:
         view.mkdir(parents=True, exist_ok=True)
+    # Containers (own /root) bind them back the same way (standins.containers.own_filesystem).
+    (paths.root / "keep.json").write_text(json.dumps([[str(view), str(src)] for src, view in keep]))
     q = shlex.quote
     return "\n".join(
         [
             "set -e",
             *(f"mount --bind {q(str(src))} {q(str(view))}" for src, view in keep),
+            *_own_root_and_home(paths),
             f"mount --bind {q(str(paths.bin))} /usr/local/sbin",
+            # ...and on the login user's PATH (sshd gives it no sbin), where a Spark has them.
+            f"mount --bind {q(str(paths.bin))} /usr/local/bin",
             f"mount --bind {q(str(paths.proc_driver))} /proc/driver",
             f"mount --bind {q(str(paths.meminfo))} /proc/meminfo",
             # The node's own kernel modules and apt history, not this machine's.
@@ -212,19 +255,129 @@ def _boot_script(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> s
             *_private_mounts(paths),
             *(f"mkdir -p {q(str(src))} && mount --bind {q(str(view))} {q(str(src))}"
               for src, view in keep),
-            "mkdir -p /root/.cache",
-            f"mount -t tmpfs -o size={q(cache_size)},mode=0755 spark-lab-cache /root/.cache",
-            "mkdir -p /root/.cache/huggingface",
-            # Every node starts with the same small checkpoint, as a staged cluster would.
-            f"cp -a {q(str(paths.root.parents[1] / 'checkpoint' / 'hub'))} /root/.cache/huggingface/",
-            # A node's shell starts clean: this machine's ~/.bashrc (pyenv, cargo...) is not a
-            # Spark's, and it costs a tenth of a second of every SSH session.
-            *(f"[ ! -e {rc} ] || mount --bind {q(str(paths.root / 'empty-rc'))} {rc}"
-              for rc in ("/root/.bashrc", "/root/.profile")),
+            *_login_home(paths, cache_size),
+            f"mount --bind {q(str(paths.root / BOOT_ID))} /proc/sys/kernel/random/boot_id",
             f"hostname {q(name)}",
-            f"exec {SSHD} -D -e -f {q(str(paths.ssh / 'sshd_config'))}",
+            # PID 1 is the node's init: it runs sshd, and reboots the node when asked.
+            "exec " + shlex.join([sys.executable, "-IS", str(paths.root / "init"),
+                                  str(paths.root), SSHD, "-D", "-e",
+                                  "-f", str(paths.ssh / "sshd_config")]),
         ]
     )
+
+
+# The login user, as on DGX OS: `nvidia`, uid 1000 where this machine leaves it free.
+LOGIN_USER = "nvidia"
+SUDO_PASSWORD_FILE = "sudo-password"  # the login user's password, readable by root only
+_INIT = """import sys
+sys.path.insert(0, {pkg_parent!r})
+from spark_cluster.sim.node_init import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@dataclass(frozen=True)
+class LoginIds:
+    uid: int
+    gid: int
+    docker_gid: int
+
+
+def _free_ids() -> LoginIds:
+    """uid/gid for the login user and the docker group that name nobody on this machine, so a
+    file of a node's user is no file of this machine's users."""
+    import grp
+    import pwd
+
+    uids = {p.pw_uid for p in pwd.getpwall()}
+    groups = {g.gr_name: g.gr_gid for g in grp.getgrall()}
+    gids = set(groups.values())
+    uid = next(i for i in range(1000, 60000) if i not in uids and i not in gids)
+    docker = groups.get("docker") or next(i for i in range(999, 100, -1) if i not in gids)
+    return LoginIds(uid, uid, docker)
+
+
+def _own_root_and_home(paths: NodePaths) -> list[str]:
+    """The node's own /root and /home (a Spark's disk, not this machine's)."""
+    mode = "0711" if _code_under_root() else "0700"
+    return [f"mount -t tmpfs -o size=16m,mode={mode} spark-lab-root /root",
+            "mount -t tmpfs -o size=16m,mode=0755 spark-lab-home /home"]
+
+
+def _login_home(paths: NodePaths, cache_size: str = CACHE_SIZE) -> list[str]:
+    """~nvidia with its cache as a size-limited disk of its own, holding the HF cache."""
+    ids = LoginIds(**json.loads((paths.root / "login.json").read_text()))
+    q = shlex.quote
+    home = f"/home/{LOGIN_USER}"
+    return [
+        f"mkdir -p {home}/.cache",
+        f"mount -t tmpfs -o size={q(cache_size)},mode=0755,uid={ids.uid},gid={ids.gid} spark-lab-cache {home}/.cache",
+        f"mkdir -p {home}/.cache/huggingface",
+        # Every node starts with the same small checkpoint, as a staged cluster would.
+        f"cp -a {q(str(paths.root.parents[1] / 'checkpoint' / 'hub'))} {home}/.cache/huggingface/",
+        f"chown -R {ids.uid}:{ids.gid} {home}",
+        f"chmod 0750 {home}",
+    ]
+
+
+def _password_hash(password: str) -> str:
+    done = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=password + "\n",
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def sudoers_rule(password: bool) -> str:
+    """The node's sudo rule for the login user: NOPASSWD by default, a password with the fault."""
+    return f"{LOGIN_USER} ALL=(ALL:ALL) {'' if password else 'NOPASSWD: '}ALL\n"
+
+
+def _write_login_user(name: str, paths: NodePaths, ids: LoginIds, password_hash: str) -> None:
+    """passwd, group, shadow, sudoers and hosts of the node (its /etc overlay's upper layer)."""
+    etc = paths.etc_upper
+    (paths.root / "login.json").write_text(json.dumps(ids.__dict__))
+    passwd = Path("/etc/passwd").read_text()
+    passwd += f"{LOGIN_USER}:x:{ids.uid}:{ids.gid}:NVIDIA:/home/{LOGIN_USER}:/bin/bash\n"
+    (etc / "passwd").write_text(passwd)
+    groups = []
+    docker_seen = False
+    for line in Path("/etc/group").read_text().splitlines():
+        fields = line.split(":")
+        if len(fields) == 4 and fields[0] in ("sudo", "docker"):
+            members = [m for m in fields[3].split(",") if m] + [LOGIN_USER]
+            fields[3] = ",".join(members)
+            docker_seen = docker_seen or fields[0] == "docker"
+        groups.append(":".join(fields))
+    groups.append(f"{LOGIN_USER}:x:{ids.gid}:")
+    if not docker_seen:
+        groups.append(f"docker:x:{ids.docker_gid}:{LOGIN_USER}")
+    (etc / "group").write_text("\n".join(groups) + "\n")
+    shadow_src = Path("/etc/shadow")
+    shadow = etc / "shadow"
+    shadow.write_text(shadow_src.read_text() + f"{LOGIN_USER}:{password_hash}:20000:0:99999:7:::\n")
+    shutil.copymode(shadow_src, shadow)
+    stat = shadow_src.stat()
+    os.chown(shadow, stat.st_uid, stat.st_gid)
+    sudoers = etc / "sudoers.d"
+    sudoers.mkdir(exist_ok=True)
+    (sudoers / "spark-lab").write_text(sudoers_rule(password=False))
+    (sudoers / "spark-lab").chmod(0o440)
+    hosts = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+    (etc / "hosts").write_text(hosts + f"127.0.1.1\t{name}\n")
+
+
+def _share_state(paths: NodePaths, ids: LoginIds) -> None:
+    """The state file's directory, lock and rendered files are the login user's group's to
+    write: the tools it may run unprivileged (docker, vLLM's GPU memory) change the state;
+    what needs root is refused by the tools themselves, as on a Spark."""
+    lock = paths.state.with_name(paths.state.name + ".lock")
+    lock.touch()
+    for path, mode in ((paths.root, 0o775), (paths.state, 0o664), (lock, 0o664),
+                       (paths.meminfo, 0o664), (paths.proc_driver, 0o2775)):
+        os.chown(path, 0, ids.gid)
+        path.chmod(mode)
+    for path in paths.proc_driver.rglob("*"):
+        os.chown(path, 0, ids.gid)
+        path.chmod(0o2775 if path.is_dir() else 0o664)
 
 
 # The nodes' Python environment "has vLLM installed": the emulator, under vLLM's own module
@@ -277,7 +430,8 @@ def _write_image_bin(directory: Path) -> None:
         (directory / name).chmod(0o755)
 
 
-def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
+def _prepare_node(name: str, index: int, lab_root: Path, ids: LoginIds | None = None,
+                  password_hash: str = "*", reboot_s: float = DEFAULT_REBOOT_S) -> NodePaths:
     paths = NodePaths.for_node(name, lab_root)
     for directory in (paths.root, paths.bin, paths.proc_driver, paths.etc_upper,
                       paths.etc_work, paths.tmp, paths.var_tmp, paths.ssh, paths.log):
@@ -300,7 +454,19 @@ def _prepare_node(name: str, index: int, lab_root: Path) -> NodePaths:
     write_wrappers(paths, sys.executable)
     _keygen(paths.ssh / "ssh_host_ed25519_key", f"root@{name}")
     (paths.ssh / "sshd_config").write_text(_sshd_config(paths, lab_root))
+    _prepare_boot(paths, reboot_s)
+    ids = ids or _free_ids()
+    _write_login_user(name, paths, ids, password_hash)
+    _share_state(paths, ids)
     return paths
+
+
+def _prepare_boot(paths: NodePaths, reboot_s: float) -> None:
+    """The node's init, its boot_id file and how long its reboots take."""
+    pkg_parent = str(Path(__file__).resolve().parents[2])
+    (paths.root / "init").write_text(_INIT.format(pkg_parent=pkg_parent))
+    (paths.root / BOOT_ID).write_text("\n")
+    (paths.root / REBOOT_SECONDS).write_text(f"{reboot_s:g}\n")
 
 
 def _start_sshd(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> tuple[int, int]:
@@ -400,7 +566,7 @@ def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator")
         lines += [
             f"  - name: {name}",
             f"    address: {netns.mgmt_address(i)}",
-            "    user: root",
+            f"    user: {LOGIN_USER}",
             "    port: 22",
             f"    identity: {lab_root / 'id_ed25519'}",
             f"    role: {'head' if i == 0 else 'worker'}",
@@ -419,7 +585,7 @@ def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator")
         args = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}"
                          for k, v in engines.REAL_ARGS.items())
         lines.append("  args: {" + args + "}")
-    lines += ["  hf_cache: /root/.cache/huggingface",
+    lines += [f"  hf_cache: /home/{LOGIN_USER}/.cache/huggingface",
               "  # The lab's network is this machine's own: its API is open there on purpose.",
               "  # On real Sparks leave listen out (loopback, through SSH) or set api_key_env.",
               "  listen: lan", "  open_without_key: true", ""]
@@ -428,8 +594,9 @@ def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator")
 
 def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_ROOT,
        timeout_s: float = 15.0, engine: str = "emulator",
-       cache_size: str = CACHE_SIZE) -> tuple[Lab, bool]:
-    """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept.
+       cache_size: str = CACHE_SIZE, reboot_s: float | None = None) -> tuple[Lab, bool]:
+    """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept
+    (with `reboot_s`, the seconds its nodes stay down in a reboot, changed when given).
 
     Both engines are on every node of any lab; `engine` picks the one the inventory names, and
     is refused here, before anything starts, where it cannot run."""
@@ -443,6 +610,8 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
     existing = load_lab(lab_root)
     if existing is not None:
         if len(existing.nodes) == count and all(pid_alive(n.sshd_pid) for n in existing.nodes):
+            if reboot_s is not None:
+                set_reboot_seconds(existing, reboot_s)
             if inventory_out is not None:
                 _write_inventory(inventory_out, lab_root, [n.name for n in existing.nodes], engine)
             return existing, False
@@ -462,9 +631,15 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         _write_image_bin(lab_root / "image-bin")
         write_checkpoint(lab_root / "checkpoint" / "hub")
         netns.create_mgmt_bridge()
+        ids, password = _free_ids(), secrets.token_urlsafe(12)
+        secret = lab_root / SUDO_PASSWORD_FILE
+        secret.touch(mode=0o600)
+        secret.write_text(password + "\n")
+        password_hash = _password_hash(password)
         all_paths = []
         for i, name in enumerate(names):
-            all_paths.append(_prepare_node(name, i, lab_root))
+            all_paths.append(_prepare_node(name, i, lab_root, ids, password_hash,
+                                           DEFAULT_REBOOT_S if reboot_s is None else reboot_s))
             netns.create_node(name, i)
         netns.cable(names)
         nodes = []
@@ -487,6 +662,18 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
     except BaseException:
         down(lab_root)
         raise
+
+
+def set_reboot_seconds(lab: Lab, seconds: float) -> None:
+    """How long each node stays down when it reboots (read by its init at each reboot)."""
+    for node in lab.nodes:
+        (node.paths.root / REBOOT_SECONDS).write_text(f"{seconds:g}\n")
+
+
+def sudo_password(lab_root: Path = LAB_ROOT) -> str:
+    """The login user's password on every node (what `--ask-sudo-pass` wants under the
+    sudo-password fault)."""
+    return (lab_root / SUDO_PASSWORD_FILE).read_text().strip()
 
 
 def _write_known_hosts(lab: Lab) -> None:

@@ -4,14 +4,16 @@ Each node runs in its own network, mount and UTS namespace. Inside that mount na
 the lab binds a few of the node's own files over the system's, so that the real tools
 (`free`, `cat`, `ip`) and the stand-ins read what a DGX Spark would show:
 
-    /usr/local/sbin      <- NodePaths.bin          stand-ins, first on sshd's PATH
+    /usr/local/sbin, /usr/local/bin <- NodePaths.bin  stand-ins, first on PATH (root and the login user)
     /proc/driver         <- NodePaths.proc_driver  nvidia/version exists iff the module is loaded
     /proc/meminfo        <- NodePaths.meminfo      a Spark's 128 GB of unified memory
     /etc                 <- overlay, upper = NodePaths.etc_upper (dgx-release, os-release, netplan)
     /tmp                 <- NodePaths.tmp
     /var/tmp             <- NodePaths.var_tmp
     /dev/shm, /run/user  <- fresh tmpfs mounts (and /dev/mqueue, where it exists)
-    /root/.cache         <- a size-limited tmpfs (the HF cache lives under it; `disk-full` fills it)
+    /proc/sys/kernel/random/boot_id <- NodePaths.root/boot_id  new at each of the node's reboots
+    /root, /home         <- the node's own (tmpfs); code under /root is bound back at its path
+    /home/nvidia/.cache  <- a size-limited tmpfs (the HF cache lives under it; `disk-full` fills it)
 """
 
 from __future__ import annotations

@@ -411,6 +411,17 @@ def render_proc_driver_version(driver: str, flavour: str = "open") -> str:
             "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04) \n")
 
 
+def _write_changed(path: Path, text: str) -> None:
+    """Write only what changed: the node's login user renders too, and may not rewrite the
+    files root wrote when the module was loaded."""
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    path.write_text(text)
+
+
 def render(state: dict[str, Any], paths: NodePaths) -> None:
     """Write the files the lab binds over /proc: /proc/driver/nvidia (iff loaded), /proc/meminfo."""
     paths.proc_driver.mkdir(parents=True, exist_ok=True)
@@ -419,8 +430,8 @@ def render(state: dict[str, Any], paths: NodePaths) -> None:
     if "nvidia" in state["modules"]["loaded"] and loaded:
         gpu_dir = nvidia / "gpus" / state["gpu"]["bus_id"].lower()
         gpu_dir.mkdir(parents=True, exist_ok=True)
-        (nvidia / "version").write_text(render_proc_driver_version(loaded, state["driver"].get("flavour", "open")))
-        (gpu_dir / "information").write_text(
+        _write_changed(nvidia / "version", render_proc_driver_version(loaded, state["driver"].get("flavour", "open")))
+        _write_changed(gpu_dir / "information", 
             f"Model: \t\t {state['gpu']['name']}\nIRQ:   \t\t 157\nGPU UUID: \t {state['gpu']['uuid']}\n"
             f"Video BIOS: \t {state['gpu']['vbios'].lower()}\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
             f"DMA Mask: \t 0x7fffffffffff\nBus Location: \t {state['gpu']['bus_id'][4:].lower()}\n"

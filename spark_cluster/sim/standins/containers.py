@@ -94,16 +94,63 @@ def pids(c: dict[str, Any]) -> set[int]:
     return found - {c["pid"]}
 
 
-def spawn(root: Path, cid: str, argv: list[str], env: dict[str, str], cwd: str | None) -> tuple[int, int | None]:
-    """Start the supervisor of container `cid` running `argv`; its pid and start time."""
+def spawn(root: Path, cid: str, argv: list[str], env: dict[str, str], cwd: str | None,
+          binds: list[str] | None = None) -> tuple[int, int | None]:
+    """Start the supervisor of container `cid` running `argv`; its pid and start time.
+
+    With `binds` (docker's `-v SRC:DST[:ro]`), the container gets a filesystem view of its own,
+    as a real one does: its own /root, /home and /tmp (empty), and what is mounted into it.
+    It is made in a user and mount namespace of the caller (rootless, as `docker` with the
+    login user in its group): uid 0 in there is the login user on the node."""
     log = log_path(root, cid)
     log.parent.mkdir(parents=True, exist_ok=True)
     pkg_parent = str(Path(__file__).resolve().parents[3])
+    command = [sys.executable, "-IS", "-c", SUPERVISOR, pkg_parent, str(root), cid, *argv]
+    if binds is not None and (root / "keep.json").exists():  # a lab node (not a unit test's scratch)
+        command = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private",
+                   "sh", "-c", own_filesystem(root, binds, cwd), "container", *command]
+        cwd = None
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-IS", "-c", SUPERVISOR, pkg_parent, str(root), cid, *argv],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                cwd=cwd, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, cwd=cwd, start_new_session=True, close_fds=True)
     return proc.pid, proc_start(proc.pid)
+
+
+def own_filesystem(root: Path, binds: list[str], cwd: str | None) -> str:
+    """The shell that gives a container its own /root, /home and /tmp and its volumes, then runs
+    "$@". The lab's own code (bound into the node where /root would hide it) stays reachable."""
+    import json
+    import shlex
+
+    q = shlex.quote
+    try:
+        keep = json.loads((root / "keep.json").read_text())
+    except (OSError, ValueError):
+        keep = []
+    lines = ["set -e"]
+    volumes = []
+    for bind in binds:
+        src, _, rest = bind.partition(":")
+        dst, _, mode = rest.partition(":")
+        if not src.startswith("/") or not dst.startswith("/"):
+            continue  # a named volume: none on the lab
+        volumes.append((src, dst, mode == "ro"))
+    # Volumes are bound before /home and /tmp are covered, where their sources usually are.
+    lines.append("mount -t tmpfs -o mode=0700 container-root /root")
+    lines += [f"mkdir -p {q(src)} && mount --bind {q(view)} {q(src)}"
+              for view, src in keep if src == "/root" or src.startswith("/root/")]
+    for src, dst, ro in volumes:
+        lines.append(f"[ -e {q(src)} ] || mkdir -p {q(src)}")
+        lines.append(f"if [ -d {q(src)} ]; then mkdir -p {q(dst)}; else mkdir -p \"$(dirname {q(dst)})\" "
+                     f"&& : >> {q(dst)}; fi")
+        lines.append(f"mount --bind {q(src)} {q(dst)}")
+        if ro:
+            lines.append(f"mount -o remount,bind,ro {q(dst)}")
+    covered = [d for d in ("/home", "/tmp") if not any(dst.startswith(d + "/") for _, dst, _ in volumes)]
+    lines += [f"mount -t tmpfs -o mode={'1777' if d == '/tmp' else '0755'} container-{d[1:]} {d}"
+              for d in covered]
+    lines += [f"cd {q(cwd or '/')}", 'exec "$@"']
+    return "\n".join(lines)
 
 
 def supervise(root: str, cid: str, argv: list[str]) -> None:

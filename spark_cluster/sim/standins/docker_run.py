@@ -133,7 +133,7 @@ def run(ctx: Ctx, argv: list[str]) -> int:
                             "DeviceRequests": ([{"Driver": "", "Count": -1, "Capabilities": [["gpu"]]}]
                                                if any_of(opts, "--gpus") else None)},
         }
-        env = {**os.environ, **container_env}
+        env = {**os.environ, "HOME": "/root", **container_env}
         problem = _gpu_error(state) if any_of(opts, "--gpus") else None
         if problem is None and _resolve(argv_, env) is None:
             what = argv_[0] if argv_ else ""
@@ -149,7 +149,8 @@ def run(ctx: Ctx, argv: list[str]) -> int:
                 containers[name] = dict(record, error=problem.split(": ", 2)[-1].split("\n")[0])
             err(problem)
             return rc
-        pid, start = ct.spawn(ctx.paths.root, cid, argv_, env, _workdir(record["workdir"]))
+        pid, start = ct.spawn(ctx.paths.root, cid, argv_, env, _workdir(record["workdir"]),
+                              binds=any_of(opts, "-v", "--volume"))
         containers[name] = dict(record, pid=pid, start=start, status="running", started=time.time())
     if detach:
         out(cid)
@@ -191,6 +192,14 @@ def _random_name(taken: dict[str, Any]) -> str:
             return name
 
 
+def own_namespaces(pid: int) -> bool:
+    """Whether the container's process lives in a mount namespace of its own."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return False
+
+
 def exec_(ctx: Ctx, argv: list[str]) -> int:
     opts, rest = options(argv, EXEC_VALUES, EXEC_FLAGS, "exec")
     if len(rest) < 2:
@@ -210,7 +219,11 @@ def exec_(ctx: Ctx, argv: list[str]) -> int:
     cwd = _workdir(last(opts, "-w", "--workdir") or c["workdir"])
     detach = bool(any_of(opts, "-d", "--detach"))
     io = subprocess.DEVNULL if detach else None  # real `exec -d` output goes nowhere
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL if detach else None, stdout=io,
+    # Into the container's own filesystem (its user and mount namespaces), as `docker exec` goes.
+    enter = ["nsenter", "--preserve-credentials", "-U", "-m", "-t", str(c["pid"]), "--wd=" + (cwd or "/"), "--"]
+    inside = own_namespaces(c["pid"])
+    proc = subprocess.Popen(enter + cmd if inside else cmd, env=env, cwd=None if inside else cwd,
+                            stdin=subprocess.DEVNULL if detach else None, stdout=io,
                             stderr=io, start_new_session=True)
     entry = [proc.pid, ct.proc_start(proc.pid)]
     with ctx.locked() as state:

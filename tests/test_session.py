@@ -1,0 +1,61 @@
+"""Pid files record the boot and the leader's start time: a pid of another boot, or one that
+now names another process, is never taken for ours."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from spark_cluster.session import record_session, session_of, stop_session_command
+
+BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def sid_from(pid_file: Path) -> str:
+    done = subprocess.run(["sh", "-c", f"{session_of(str(pid_file))}; echo \"[$sid]\""],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()[1:-1]
+
+
+def start_time(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+
+
+def test_a_recorded_session_is_found_again(tmp_path: Path) -> None:
+    pid_file = tmp_path / "x.pid"
+    subprocess.run(["sh", "-c", f"setsid sleep 30 & {record_session(str(pid_file))}"], check=True)
+    sid, boot, start = pid_file.read_text().split()
+    try:
+        assert boot == BOOT and start == start_time(int(sid))
+        assert sid_from(pid_file) == sid
+    finally:
+        subprocess.run(["kill", sid])
+
+
+def test_a_pid_of_another_boot_is_not_ours(tmp_path: Path) -> None:
+    pid_file = tmp_path / "x.pid"
+    own = subprocess.Popen(["sleep", "30"])
+    try:
+        pid_file.write_text(f"{own.pid} 00000000-0000-0000-0000-000000000000 {start_time(own.pid)}\n")
+        assert sid_from(pid_file) == ""
+        pid_file.write_text(f"{own.pid}\n")  # an older record, without boot or start time
+        assert sid_from(pid_file) == ""
+    finally:
+        own.kill()
+        own.wait()
+
+
+def test_a_reused_pid_is_not_ours_and_is_never_signalled(tmp_path: Path) -> None:
+    stranger = subprocess.Popen(["setsid", "sleep", "30"])
+    try:
+        wrong_start = int(start_time(stranger.pid)) - 1
+        (tmp_path / "vllm.pid").write_text(f"{stranger.pid} {BOOT} {wrong_start}\n")
+        assert sid_from(tmp_path / "vllm.pid") == ""
+        done = subprocess.run(["sh", "-c", stop_session_command(str(tmp_path), "vllm.pid", 1.0)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0
+        assert stranger.poll() is None  # left alone
+        assert not (tmp_path / "vllm.pid").exists()  # the stale record is gone
+    finally:
+        stranger.kill()
+        stranger.wait()
