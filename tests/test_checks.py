@@ -1126,6 +1126,18 @@ def test_memory_our_own_vllm_holds_is_not_missing() -> None:
     assert only(findings_of(raws), "memory.competing-process").node == "spark-a"
 
 
+
+def test_memory_a_ray_rank_of_ours_holds_on_a_worker_is_not_missing() -> None:
+    raws = {n.name: healthy_raw(n.name, i) for i, n in enumerate(INVENTORY.nodes)}
+    rank = "  5151 2048000 ray::RayWorkerP ray::RayWorkerProc.execute_method\n"
+    set_probe(raws["spark-b"], "meminfo", meminfo(available_kib=8 * GIB // KIB, free_kib=7 * GIB // KIB))
+    set_probe(raws["spark-b"], "processes", rank)
+    assert only(findings_of(raws), "memory.low").node == "spark-b"  # a stranger's pid: still low
+    set_probe(raws["spark-b"], "own_pids", "5151\n")  # the rank is in this cluster's Ray session
+    findings = findings_of(raws)
+    assert not [f for f in findings if f.id == "memory.low"]
+    assert only(findings, "memory.held-by-cluster").node == "spark-b"
+
 # --- the runtime: docker and the image, or the host's Python -------------------------------------
 
 CONTAINER = dataclasses.replace(INVENTORY, cluster=dataclasses.replace(

@@ -27,7 +27,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
 def boxed(lab: Path, tmp_path: Path) -> Path:
     """The lab in the container runtime, an HF token in cluster.env, an API key, the API on loopback."""
     text = lab.read_text()
-    env = "  env: {SPARK_LAB_LOAD_MBPS: '4', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}\n"
+    env = "  env: {SPARK_LAB_LOAD_MBPS: '0.5', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}\n"
     assert env in text and "  listen: lan\n  open_without_key: true\n" in text
     text = text.replace("  runtime: host\n", f"  runtime: container\n  image: {IMAGE}\n")
     text = text.replace(env, env.replace("}", f", HF_TOKEN: '{TOKEN_HEAD + TOKEN_TAIL}'}}"))

@@ -260,3 +260,18 @@ def test_consumers_of_ended_processes_are_gone_and_only_pruning_forgets_them(pat
         for proc in (child, recycled):
             proc.kill()
             proc.wait()
+
+
+def test_the_nodes_init_frees_what_an_ended_process_held(paths: NodePaths) -> None:
+    from spark_cluster.sim.node_init import _free_ended
+
+    before = meminfo(paths)["MemAvailable"]
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    with locked_state(paths) as state:
+        add_consumer(state, "rank0", 50 * 2**20, pid=ended.pid, gpu=True)
+        add_consumer(state, "rank1", 10 * 2**20, pid=os.getpid(), gpu=True)
+    ended.wait()  # a SIGKILLed rank: nothing of it writes the state again
+    assert meminfo(paths)["MemAvailable"] == before - 60 * 2**20
+    _free_ended(paths.root)
+    assert list(load_state(paths.state)["memory"]["consumers"]) == ["rank1"]  # the live one stays
+    assert meminfo(paths)["MemAvailable"] == before - 10 * 2**20

@@ -79,6 +79,11 @@ def gpu_memory_utilization(inventory: Inventory) -> float | None:
     return VLLM_DEFAULT_UTILIZATION
 
 
+def _is_rank(args: str) -> bool:
+    lowered = args.lower()
+    return "vllm" in lowered or "rayworker" in lowered
+
+
 def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator[Finding]:
     memory = facts.memory
     if memory is None:
@@ -95,7 +100,9 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterat
             fix("stop-competing-servers", pids=" ".join(str(p.pid) for p in hogs),
                 names=" ".join(p.name for p in hogs)))
         return
-    ours = [p for p in facts.processes if p.pid in facts.own_pids and "vllm" in p.args]
+    # A rank on a worker node is a Ray actor (`ray::RayWorkerProc`, no "vllm" in its title) or
+    # a headless `vllm serve`: either way the cluster's model is what holds the memory.
+    ours = [p for p in facts.processes if p.pid in facts.own_pids and _is_rank(p.args)]
     if ours:  # the model is loaded already: what it holds is not missing
         yield info("memory.held-by-cluster", node,
                    f"this cluster's vLLM runs on {node} and holds its memory; {state}",

@@ -25,6 +25,7 @@ BOOT_ID = "boot_id"  # in the node's root; bound over /proc/sys/kernel/random/bo
 REBOOT_SECONDS = "reboot_seconds"
 DEFAULT_REBOOT_S = 60.0
 SHUTDOWN_GRACE_S = 3.0
+FREE_EVERY_S = 0.5
 
 
 class _Reboot(Exception):
@@ -106,6 +107,34 @@ def _boot_state(root: Path) -> None:
         prune_faults(state)
 
 
+def _free_ended(root: Path) -> None:
+    """The kernel frees an ended process's memory at once: forget the memory consumers of the
+    node's state whose process is gone (a SIGKILLed rank, an OOM-killed engine), so the node's
+    meminfo shows it free before anything else reads it. PID 1 sees the node's pids as recorded."""
+    from spark_cluster.sim.layout import NodePaths
+    from spark_cluster.sim.state import gone_consumers, load_state, locked_state, prune_gone_consumers
+
+    paths = NodePaths(root)
+    try:
+        if gone_consumers(load_state(paths.state)):
+            with locked_state(paths) as state:
+                prune_gone_consumers(state)
+    except (OSError, ValueError):
+        pass  # a state being rewritten or a node going down: the next round sees it
+
+
+def _reap_and_free(root: Path) -> None:
+    """Collect ended children (orphans come to PID 1) and free what ended processes held."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pid = 0
+        if pid == 0:
+            break
+    _free_ended(root)
+
+
 def main(argv: list[str]) -> int:
     root, sshd_argv = Path(argv[0]), argv[1:]
     signal.signal(signal.SIGTERM, _raise(_Stop))
@@ -120,10 +149,8 @@ def main(argv: list[str]) -> int:
             first = False
             subprocess.Popen(sshd_argv, stdin=subprocess.DEVNULL)
             while True:
-                try:
-                    os.wait()
-                except ChildProcessError:
-                    time.sleep(1.0)  # sshd is gone and nothing else runs: wait for a signal
+                _reap_and_free(root)
+                time.sleep(FREE_EVERY_S)
         except _Reboot:
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # one reboot at a time
             print(f"reboot: node down for {reboot_seconds(root):g} s", file=sys.stderr, flush=True)
