@@ -82,6 +82,24 @@ def test_each_node_has_its_own_tmp_and_spark_identity(lab) -> None:
     assert not Path("/etc/dgx-release").exists()  # nothing leaked into this machine
 
 
+
+def test_what_two_machines_never_share_is_each_nodes_own(lab) -> None:
+    # vLLM's mp executor takes ranks that see one /dev/shm for one machine (and then waits forever
+    # for a reader on the other node): shared memory, /var/tmp, /run/user and the machine-id are
+    # each node's own, as on two Sparks.
+    _, inventory = lab
+    places = ("/dev/shm", "/var/tmp")
+    with fleet_for(load_inventory(inventory)) as fleet:
+        fleet.node("spark-a").run("; ".join(f"echo a > {p}/spark-lab-owner" for p in places)).check()
+        results = fleet.run("; ".join(f"cat {p}/spark-lab-owner 2>/dev/null || echo none" for p in places)
+                            + "; cat /etc/machine-id; stat -f -c %T /dev/shm")
+        fleet.node("spark-a").run("rm -f " + " ".join(f"{p}/spark-lab-owner" for p in places)).check()
+    a, b = results["spark-a"].stdout.split(), results["spark-b"].stdout.split()
+    assert a[:2] == ["a", "a"] and b[:2] == ["none", "none"]
+    assert a[2] != b[2] and len(a[2]) == 32  # a machine-id each
+    assert a[3] == b[3] == "tmpfs"
+    assert not Path("/dev/shm/spark-lab-owner").exists()  # nothing reached this machine either
+
 def test_exec_prints_a_gb10_table_then_fails_after_kernel_update(lab) -> None:
     lab_, inventory = lab
     ok = cli("exec", str(inventory), "--node", "spark-b", "--", "nvidia-smi")

@@ -69,14 +69,14 @@ def test_the_api_key_reaches_no_ray_worker_and_no_state_file(lab: Path, tmp_path
         # Each keeps its own node's address (the worker-specific list) ...
         assert env["VLLM_HOST_IP"] == _sha(seen["ip"]), name
         # ... and did get what the driver's environment carries for it (the copy took place).
-        assert env.get("HF_HUB_OFFLINE") == _sha("1") and env.get("SPARK_LAB_LOAD_MBPS") == _sha("4"), name
+        assert env.get("HF_HUB_OFFLINE") == _sha("1") and env.get("SPARK_LAB_LOAD_MBPS") == _sha(inv.cluster.env["SPARK_LAB_LOAD_MBPS"]), name
     assert {seen["ip"] for seen in workers.values()} == {str(n.link_address) for n in inv.nodes}
 
     # No process but the head's vLLM holds the key; no file on any node or here does.
     for spec in inv.nodes:
         found = on_node(inventory, spec.name,
                         f'k={KEY_HEAD}; k="$k"{KEY_TAIL}; for p in /proc/[0-9]*; do '
-                        'tr "\\0" "\\n" < $p/environ 2>/dev/null | grep -qxF "VLLM_API_KEY=$k" && '
+                        'tr "\\0" "\\n" 2>/dev/null < $p/environ | grep -qxF "VLLM_API_KEY=$k" && '
                         'tr "\\0" " " < $p/cmdline && echo; done; '
                         'grep -rlsF -- "$k" ~/.cache/spark-cluster ~/.config/vllm /tmp/ray; echo end')
         assert found.returncode == 0, found.stdout + found.stderr

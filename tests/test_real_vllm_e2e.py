@@ -151,7 +151,7 @@ def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(real: P
     shown = cli("status", str(real))
     assert shown.returncode == 1 and "failed on spark-b: engine-died" in shown.stdout
     watch = cli("watch", str(real), "--restart-on-failure", "--count", "2", "--interval", "1", timeout=300)
-    assert "vLLM is not running (failed on spark-b: engine-died; evidence: " in watch.stdout, watch.stdout
+    assert "vLLM is not running: failed on spark-b: engine-died; evidence: " in watch.stdout, watch.stdout
     assert "restart 1: ready again" in watch.stdout, watch.stdout + watch.stderr
     assert json.loads(cli("status", str(real), "--json").stdout)["healthy"] is True
     assert "--headless" in on(real, "spark-b", f"pgrep -af '{SERVE}'")
