@@ -98,9 +98,10 @@ def cli() -> str:
 CLI = cli()
 
 
-def on(inventory: Path, node: str, command: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    done = sh([CLI, "exec", str(inventory), "--node", node, "--timeout", str(timeout), "--", command],
-              timeout=timeout + 30)
+def on(inventory: Path, node: str, command: str, timeout: float = 600,
+       sudo: bool = False) -> subprocess.CompletedProcess[str]:
+    done = sh([CLI, "exec", str(inventory), "--node", node, "--timeout", str(timeout),
+               *(["--sudo"] if sudo else []), "--", command], timeout=timeout + 30)
     if done.returncode != 0:
         raise SystemExit(f"bench: on {node}: {command[:80]}... failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return done
@@ -128,7 +129,8 @@ def run_rsync(inventory: Path, lab: simlab.Lab) -> float:
     # Over spark-b's link address, as peers copy over the QSFP link.
     command = f"rsync -a -e {shlex.quote(ssh)} {MODEL}/ nvidia@192.168.100.11:{MODEL}/"
     began = time.monotonic()
-    on(inventory, "spark-a", command, timeout=1800)
+    # As root on spark-a: only root may read the lab's key there (the login user has none of its own).
+    on(inventory, "spark-a", command, timeout=1800, sudo=True)
     return time.monotonic() - began
 
 
