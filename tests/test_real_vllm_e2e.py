@@ -54,7 +54,16 @@ def emulated(real: Path) -> Path:
     return path
 
 
+def check_passes(inventory: Path, deadline_s: float = 30.0) -> None:
+    """Poll until `check` passes: a node frees what the last engine held a moment after `down`."""
+    end = time.monotonic() + deadline_s
+    while cli("check", str(inventory)).returncode != 0:
+        assert time.monotonic() < end, cli("check", str(inventory)).stdout
+        time.sleep(1.0)
+
+
 def up_events(inventory: Path) -> tuple[list[dict], float]:
+    check_passes(inventory)
     began = time.monotonic()
     done = cli("up", str(inventory), "--json", timeout=400)
     took = time.monotonic() - began
