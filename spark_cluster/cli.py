@@ -232,6 +232,11 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
 
         secret_values(plan.head)  # a key named but not set here: say so before anything starts
         ui.plan_notes(plan)
+    else:  # no plan to carry it (`--until ray`): Ray's own warning still
+        from .ray_plan import auth_warning
+
+        if auth_warning(inv):
+            ui.warn(auth_warning(inv))
     with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), UpView(inv, as_json) as view:
         run_up(Run(inv, fleet, plan, view, until=until, restart=restart, timeout_s=timeout_s,
                    stalled_after=stalled_after))

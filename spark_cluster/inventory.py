@@ -140,6 +140,9 @@ class ClusterSettings:
     ray_port: int = 6379
     executor: str = "ray"
     install_ray: bool = False  # container runtime: pip-install the pinned Ray into an image without it
+    # Ray's own token authentication (Ray 2.52 or later), or none: then only a firewall keeps
+    # Ray's ports, which listen on every interface, off the management network.
+    ray_auth: str = "token"
     # hash=False: a mappingproxy is unhashable, and the records should stay hashable.
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     ssh: SSHSettings = field(default_factory=SSHSettings)
@@ -306,6 +309,8 @@ _FLAG = _rule(
 _RAIL_ADDRESS = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}/[0-9]{1,2}")
 
 LISTEN_CHOICES = ("loopback", "link", "lan")
+RAY_AUTH_CHOICES = ("token", "none")
+_RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 _IMAGE_HINT = "set image: nvcr.io/nvidia/vllm:<tag>, or runtime: host"
 
 
@@ -349,11 +354,19 @@ def _parse_cluster(c: Checker, value: object, path: YamlPath, base: Path) -> Clu
         "ray_port": (lambda v, p: c.integer(v, p, 1, 65535), 6379),
         "executor": (lambda v, p: c.choice(v, p, ("ray", "mp")), "ray"),
         "install_ray": (lambda v, p: _flag(c, v, p), False),
+        "ray_auth": (lambda v, p: c.choice(v, p, RAY_AUTH_CHOICES), "token"),
         "env": (lambda v, p: _parse_env(c, v, p), MappingProxyType({})),
         "ssh": (lambda v, p: _parse_ssh(c, v, p, base), SSHSettings()),
         "linktest": (lambda v, p: _parse_linktest(c, v, p), LinktestSettings()),
     }
     f = c.fill(value, path, fields)
+    env = _given(value, "env")
+    for key in env if isinstance(env, dict) else ():
+        if key in _RAY_AUTH_VARS:
+            c.report(path + ("env", key), f"cluster.env sets {key}, which spark-cluster sets from cluster.ray_auth",
+                     "remove it: ray_auth: token (the default) gives the cluster a token of its own, "
+                     "ray_auth: none turns Ray's authentication off")
+            f = None
     # Judged on the raw values: an invalid runtime is reported already and says nothing here.
     if _given(value, "runtime") in (None, "container") and isinstance(value, dict) and value.get("image") is None:
         c.report(path, "cluster.image is required when runtime is container", _IMAGE_HINT)

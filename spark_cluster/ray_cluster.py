@@ -9,6 +9,7 @@ runtime Ray runs in a container named for the cluster, and stopping removes that
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
 import time
 from collections.abc import Callable
@@ -23,11 +24,14 @@ from .ray_plan import (
     config_digest,
     container_name,
     docker_run,
+    env_word,
     non_carry_over_file,
     prepare_container,
     plan,
     plan_node,
+    ray_auth,
     state_dir,
+    token_path,
 )
 from .remote import Fleet, Node
 from .secrets import REDACTED, container_file_lines, exports, is_secret, stdin_lines
@@ -38,16 +42,31 @@ JOIN_DEADLINE_S = 120.0
 STOP_DEADLINE_S = 20.0
 
 # Asks the head's dashboard (bound to the link address) for Ray's view of the cluster,
-# with the node's own python3 and no Ray import: importing ray costs a second or two.
+# with the node's own python3 and no Ray import: importing ray costs a second or two. With
+# token authentication the token is read here, on the head, from its file (argv[2]): it never
+# travels, and is on no command line.
 _STATE_QUERY = r"""
-import json, sys, urllib.request
+import json, sys, urllib.error, urllib.request
 base = sys.argv[1]
+headers, unread = {}, None
+if len(sys.argv) > 2:
+    try:
+        with open(sys.argv[2]) as f:
+            headers["Authorization"] = "Bearer " + f.read().strip()
+    except OSError as e:
+        unread = "cannot read %s: %s" % (sys.argv[2], e.strerror)
 def get(path):
-    with urllib.request.urlopen(base + path, timeout=5) as r:
+    request = urllib.request.Request(base + path, headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as r:
         return json.load(r)
 try:
     nodes = get("/api/v0/nodes?detail=1&limit=100")["data"]["result"]["result"]
     version = get("/api/version").get("ray_version")
+except urllib.error.HTTPError as e:
+    if e.code in (401, 403):
+        print(json.dumps({"error": "HTTP %d %s" % (e.code, e.reason), "refused": e.code, "unread": unread}))
+        sys.exit(0)
+    print(json.dumps({"error": "HTTPError: %s" % e})); sys.exit(0)
 except Exception as e:
     print(json.dumps({"error": "%s: %s" % (type(e).__name__, e)})); sys.exit(0)
 print(json.dumps({"version": version, "nodes": [
@@ -77,6 +96,8 @@ class RayState:
     version: str | None = None
     nodes: tuple[RayNode, ...] = ()
     error: str = ""
+    # Ray runs and answers, but not to us: it wants a token we lack or have another of.
+    refused: bool = False
 
     def alive(self, ip: str) -> bool:
         return any(n.ip == ip and n.alive and n.gpus >= 1 for n in self.nodes)
@@ -86,7 +107,7 @@ class RayState:
 
     def as_dict(self) -> dict[str, object]:
         return {"reachable": self.reachable, "version": self.version, "error": self.error,
-                "nodes": [n.__dict__ for n in self.nodes]}
+                "refused": self.refused, "nodes": [n.__dict__ for n in self.nodes]}
 
 
 def _dir(inventory: Inventory) -> str:
@@ -94,13 +115,16 @@ def _dir(inventory: Inventory) -> str:
 
 
 def query_state(inventory: Inventory, head: Node) -> RayState:
-    """Ray's own view, from the head's dashboard."""
+    """Ray's own view, from the head's dashboard, with the cluster's token when it has one."""
     url = f"http://{inventory.head.link_address}:{DASHBOARD_PORT}"
-    result = head.run(f"python3 -I -c {shlex.quote(_STATE_QUERY)} {shlex.quote(url)}", timeout=20)
+    token = f" {remote_path(token_path(inventory))}" if ray_auth(inventory) else ""
+    result = head.run(f"python3 -I -c {shlex.quote(_STATE_QUERY)} {shlex.quote(url)}{token}", timeout=20)
     try:
         raw = json.loads(result.stdout)
     except ValueError:
         return RayState(False, error=result.tail("stderr", 2) or f"exit {result.exit_code}")
+    if "refused" in raw:
+        return RayState(False, error=refused_message(inventory, raw["error"], raw.get("unread")), refused=True)
     if "error" in raw:
         return RayState(False, error=raw["error"])
     names = {str(s.link_address): s.name for s in inventory.nodes}
@@ -112,6 +136,20 @@ def query_state(inventory: Inventory, head: Node) -> RayState:
     return RayState(True, raw.get("version"), nodes)
 
 
+def refused_message(inventory: Inventory, said: str, unread: str | None) -> str:
+    """Ray runs on the head but will not talk to us: what that means, and what to do."""
+    if unread:  # the token file is gone (or unreadable) on the head, Ray still wants the token
+        return (f"Ray refuses our token ({said}): the head has no token to send, {unread}\n"
+                "  hint: run `up --restart` to restart Ray with a new token")
+    if not ray_auth(inventory):
+        return (f"Ray refuses requests without a token ({said}): it was started with token authentication, "
+                "the inventory says cluster.ray_auth: none\n  hint: run `up --restart` to restart Ray "
+                "as the inventory says, or set cluster.ray_auth: token")
+    return (f"Ray refuses our token ({said}): the running Ray was started with another token than the "
+            f"one in {token_path(inventory)} on {inventory.head.name}\n  hint: run `up --restart` to restart "
+            "Ray with the cluster's token")
+
+
 _QUOTED_RAY_PID = '"$d/ray.pid"'
 _EACH_FILE = '"$f"'
 
@@ -120,7 +158,7 @@ def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
     """Secrets are read from stdin and exported first (`secrets.exports`): Ray inherits them,
     and no command line holds their values."""
     d = _dir(inventory)
-    env = " ".join(shlex.quote(f"{k}={v}") for k, v in node_plan.env.items())
+    env = " ".join(env_word(k, v) for k, v in node_plan.env.items())
     carry = shlex.quote(non_carry_over_file(sorted(node_plan.secrets)))
     return (
         f"{exports(list(node_plan.secrets))}"
@@ -244,6 +282,34 @@ def _start(inventory: Inventory, node: Node, node_plan: RayNodePlan) -> None:
         raise RayError(f"{node.name}: Ray did not start: {result.tail('stderr', 5) or result.tail('stdout', 5)}")
 
 
+def place_token(inventory: Inventory, fleet: Fleet, nodes: list[str]) -> None:
+    """The cluster's Ray token in the state directory of each of ``nodes``, mode 0600, before
+    their Ray starts. The head's token when it has one: a running cluster keeps its token, and a
+    node that joins it gets the same; a new one (written on the head too) only when the head has
+    none. It travels on SSH's stdin, never on a command line, and is never printed."""
+    if not ray_auth(inventory):
+        return
+    head = inventory.head.name
+    path = remote_path(token_path(inventory))
+    read = fleet.node(head).run(f"cat {path} 2>/dev/null", timeout=20)
+    token = read.stdout.strip() if read.ok else ""
+    targets = list(nodes)
+    if not token:
+        token = secrets.token_urlsafe(32)
+        targets = [head, *(n for n in nodes if n != head)]
+    write = (f"umask 077 && mkdir -p {_dir(inventory)} && cat > {path}.new && chmod 600 {path}.new "
+             f"&& mv -f {path}.new {path}")
+
+    def one(node: Node) -> None:
+        result = node.run(write, timeout=30, stdin=token)
+        if not result.ok:
+            raise RayError(f"{node.name}: could not write the Ray token file {token_path(inventory)}: "
+                           f"{result.tail('stderr', 2) or f'exit {result.exit_code}'}")
+
+    for name, error in Fleet([fleet.node(n) for n in targets]).map(one).failed.items():
+        raise error if isinstance(error, RayError) else RayError(f"{name}: {error}")
+
+
 def check_runtime(inventory: Inventory, fleet: Fleet) -> None:
     """Before anything starts: Ray must be in the runtime of every node."""
     cluster = inventory.cluster
@@ -282,6 +348,8 @@ def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
     wanted = {"digest": config_digest(inventory), "nodes": _describe(plans)}
     running = _read_config(inventory, head)
     state = query_state(inventory, head)
+    if state.refused and not restart:
+        raise RayError(state.error)
     if running is not None and running.get("digest") != wanted["digest"] and state.reachable:
         if not restart:
             raise RayError(
@@ -310,6 +378,7 @@ def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
                 f"{p.node}: Ray processes not started by spark-cluster run there (pids "
                 f"{' '.join(map(str, foreign))}); they hold Ray's ports\n  hint: stop them "
                 "(`ray stop` on that node, if nothing else there uses Ray), then run `up` again")
+    place_token(inventory, fleet, [p.node for p in to_start])
     try:
         head_plan = next(p for p in to_start if p.is_head) if any(p.is_head for p in to_start) else None
         if head_plan is not None:
@@ -344,6 +413,8 @@ def _wait(inventory: Inventory, head: Node, done: Callable[[RayState], bool], de
         progress("waiting", state)
         if done(state):
             return state
+        if state.refused:  # it answers, and says no: waiting changes nothing
+            raise RayError(state.error)
         time.sleep(1.0)
     missing = [p for p in started if not state.alive(p.address)]
     lines = []

@@ -41,6 +41,70 @@ def state_dir(cluster: str) -> str:
     return f"{STATE_DIR}/{cluster}"
 
 
+# Ray's token authentication came with Ray 2.52: an older Ray ignores RAY_AUTH_MODE and stays open.
+RAY_AUTH_SINCE = (2, 52)
+TOKEN_FILE = "ray_auth_token"  # in the cluster's state directory on every node, mode 0600
+
+
+def ray_auth(inventory: Inventory) -> bool:
+    """Whether this cluster's Ray wants a token: `ray_auth: token` and a Ray to ask it of."""
+    return inventory.cluster.executor == "ray" and inventory.cluster.ray_auth == "token"
+
+
+def token_path(inventory: Inventory) -> str:
+    """Where each node keeps the cluster's Ray token (a path: no secret, fine on argv)."""
+    return f"{state_dir(inventory.cluster.name)}/{TOKEN_FILE}"
+
+
+def auth_env(inventory: Inventory) -> dict[str, str]:
+    """What every Ray process and Ray client of the cluster needs in its environment. `none` says
+    `disabled` out loud: a newer Ray turns token authentication on by itself, on one node and not
+    the other."""
+    if inventory.cluster.executor != "ray":
+        return {}
+    if not ray_auth(inventory):
+        return {"RAY_AUTH_MODE": "disabled"}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path(inventory)}
+
+
+def auth_warning(inventory: Inventory) -> str | None:
+    """What `up` says every time the cluster's Ray runs without authentication."""
+    if inventory.cluster.executor != "ray" or ray_auth(inventory):
+        return None
+    return ("Ray runs without authentication (cluster.ray_auth: none): its GCS and raylets listen on every "
+            "interface, so anyone who reaches them can run code on every node; close Ray's ports to the "
+            "management network with a firewall (docs/security.md), or use Ray 2.52 or later and "
+            "ray_auth: token")
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """'2.52.0rc1' -> (2, 52, 0): the leading numbers of a version, for comparing."""
+    parts = []
+    for piece in text.split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts)
+
+
+def has_token_auth(version: str) -> bool:
+    return version_tuple(version) >= RAY_AUTH_SINCE
+
+
+def env_word(key: str, value: str) -> str:
+    """`KEY=value` as one shell word; a value under `~/` is the node's home, expanded there."""
+    if value == "~" or value.startswith("~/"):
+        return shlex.quote(f"{key}=") + remote_path(value)
+    return shlex.quote(f"{key}={value}")
+
+
 def node_env(inventory: Inventory, spec: NodeSpec) -> dict[str, str]:
     """The environment of Ray (and so of vLLM's workers) on this node, from its own link."""
     rail = spec.link.rails[0]
@@ -64,6 +128,7 @@ def node_env(inventory: Inventory, spec: NodeSpec) -> dict[str, str]:
     }
     env.update(_recipe_worker_env(inventory))
     env.update(inventory.cluster.env)
+    env.update(auth_env(inventory))  # after cluster.env: the token is the cluster's, not an override
     return env
 
 
@@ -144,18 +209,21 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
             "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", CONTAINER_SHM,
             "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
             "--device", "/dev/infiniband", "--entrypoint", "/bin/bash"]
-    for key, value in {**node_plan.env, **CONTAINER_CACHE_ENV}.items():
-        args += ["-e", f"{key}={value}"]
     words = " ".join(shlex.quote(a) for a in args)
+    words += "".join(f" -e {env_word(k, v)}" for k, v in {**node_plan.env, **CONTAINER_CACHE_ENV}.items())
     mount = f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"
     # Compile caches live on the node, so a restarted container reuses them instead of compiling again.
     mount += "".join(f" -v {remote_path(node)}:{inside}" for node, inside in CONTAINER_CACHES)
     # In the container's own home: where the vLLM that `docker exec` starts there looks.
     start = write_non_carry_over(sorted(node_plan.secrets)) + node_plan.start
+    state = remote_path(state_dir(cluster.name))
+    if node_plan.secrets or "RAY_AUTH_TOKEN_PATH" in node_plan.env:
+        # The state directory at the same path inside: the token file's path is the same there,
+        # for Ray and for the vLLM that `docker exec` starts.
+        mount += f" -v {state}:{state}"
     if node_plan.secrets:
         # Not `-e K=V` (argv, and `docker inspect`): a 0600 file the container sources and removes.
-        state = remote_path(state_dir(cluster.name))
-        mount += f" -v {state}:{state} -e {FILE_VAR}={state}/secrets.env"
+        mount += f" -e {FILE_VAR}={state}/secrets.env"
         start = source_and_remove() + start
     return f"{words} {mount} {shlex.quote(cluster.image or '')} -c {shlex.quote(start)}"
 

@@ -21,8 +21,12 @@ REDACTED = "<redacted>"
 FILE_VAR = "SPARK_CLUSTER_SECRETS_FILE"
 
 
+# Names that match SECRET_NAME but hold no secret: where Ray reads its token from (a path).
+NOT_SECRET = frozenset({"RAY_AUTH_TOKEN_PATH"})
+
+
 def is_secret(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
+    return name not in NOT_SECRET and bool(SECRET_NAME.search(name))
 
 
 def split(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:

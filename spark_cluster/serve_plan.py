@@ -26,7 +26,7 @@ from types import MappingProxyType
 from .errors import UsageError
 from .facts_probe import remote_path
 from .inventory import Inventory, NodeSpec
-from .ray_plan import container_name, node_env, plan_mp, state_dir, worker_only_env
+from .ray_plan import auth_warning, container_name, node_env, plan_mp, state_dir, worker_only_env
 from .recipes import Recipe, load_recipe
 from .secrets import REDACTED, is_secret
 
@@ -255,6 +255,8 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
         endpoint_host = bind_host
         login = f"{head.user}@{_url_host(head.address)}" + (f" -p {head.port}" if head.port != 22 else "")
         forward = f"ssh -N -L {port}:{bind_host}:{port} {login}"
+    if auth_warning(inventory):
+        warnings.append(auth_warning(inventory))
     if executor == "ray":
         _put(args, "--distributed-executor-backend", ["ray"])
     else:

@@ -227,6 +227,10 @@ def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
     ray = data["ray"]
     if not ray.get("used", True):
         console.print(Text("ray ", style="bold") + Text("not used (executor mp)", style="dim"))
+    elif ray.get("refused"):  # it runs, but not for us: the message says why and what to do
+        console.print(Text(f"ray: {ray.get('error', '')}", style="red"))
+        vllm_status(data)
+        return
     elif not ray["reachable"]:
         console.print(Text(f"ray: not running ({ray.get('error', '')})", style="red"))
         vllm_status(data)
@@ -270,10 +274,14 @@ class JsonLines:
                              highlight=False)
 
 
+def warn(text: str) -> None:
+    err_console.print(Text("warning: ", style="bold yellow") + Text(text))
+
+
 def plan_notes(plan) -> None:  # noqa: ANN001 - ServePlan
-    """What the plan warns of (an idle Spark, an open endpoint) and the recipe's pitfalls."""
+    """What the plan warns of (an idle Spark, an open endpoint, an open Ray) and the recipe's pitfalls."""
     for text in plan.warnings:
-        err_console.print(Text("warning: ", style="bold yellow") + Text(text))
+        warn(text)
     for text in plan.pitfalls:
         err_console.print(Text("pitfall: ", style="yellow") + Text(text))
 
@@ -382,7 +390,8 @@ def summary_line(data: dict) -> str:
     alive = sum(1 for n in data["ray"].get("nodes", []) if n["alive"])
     line = (f"{time.strftime('%H:%M:%S')} {'healthy' if data['healthy'] else 'NOT healthy'}: "
             f"nodes {reachable}/{len(data['nodes'])} reachable"
-            + (f", ray {alive} alive" if data["ray"].get("used", True) else ""))
+            + (f", ray {alive} alive" if data["ray"].get("used", True) else "")
+            + (", ray refuses our token (`status` says why)" if data["ray"].get("refused") else ""))
     unreachable = [name for name, n in data["nodes"].items() if not n["reachable"]]
     if unreachable:
         line += f" (unreachable: {', '.join(unreachable)})"

@@ -43,6 +43,7 @@ ALL_IDS = {
     "probe.failed", "link.wrong-port", "driver.unreachable",
     "runtime.docker-missing", "runtime.docker-access", "runtime.docker-down", "runtime.docker-failed",
     "runtime.image-missing", "runtime.python-missing", "runtime.ray-missing", "runtime.vllm-missing",
+    "runtime.ray-auth-unsupported",
 }
 
 # --- raw probe answers of a healthy Spark -------------------------------------------------------

@@ -60,7 +60,10 @@ def test_container_runtime_runs_the_image_with_the_node_env() -> None:
     assert '"VLLM_API_KEY"' in words[-1] and '"VLLM_HOST_IP"' in words[-1]
     # Compile caches come from the node, so they outlive the container.
     volumes = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
-    assert volumes[1:] == ["$HOME/.cache/vllm:/root/.cache/vllm", "$HOME/.cache/torch:/root/.cache/torch"]
+    assert volumes[1:3] == ["$HOME/.cache/vllm:/root/.cache/vllm", "$HOME/.cache/torch:/root/.cache/torch"]
+    # The state directory at its own path: RAY_AUTH_TOKEN_PATH names the same file inside.
+    assert volumes[3:] == ["$HOME/.cache/spark-cluster/lab:$HOME/.cache/spark-cluster/lab"]
+    assert "RAY_AUTH_TOKEN_PATH=$HOME/.cache/spark-cluster/lab/ray_auth_token" in words
     assert "TORCHINDUCTOR_CACHE_DIR=/root/.cache/torch/inductor" in words
 
 

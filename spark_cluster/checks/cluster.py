@@ -11,10 +11,23 @@ from .base import Finding, Severity, blocker, gib, manual, warning
 # What differing versions cost: Ray refuses to join a cluster of another version (F7), and
 # vLLM/the image must be byte-identical for TP workers; a kernel or driver apart works but
 # is the usual first step towards one node failing after an update.
+NOT_INSTALLED = "not installed"
+
+
+def _package(dist: str) -> Callable[[NodeFacts], str | None]:
+    """A package's version; "not installed" where the runtime's Python answered without it
+    (one node with Ray and one without is a difference), None where it did not answer."""
+    def read(f: NodeFacts) -> str | None:
+        if "python" not in f.runtime_versions:
+            return None
+        return f.runtime_versions.get(dist, NOT_INSTALLED)
+    return read
+
+
 VERSIONED: tuple[tuple[str, str, Severity, Callable[[NodeFacts], str | None]], ...] = (
     ("versions.image-differs", "container image ID", Severity.BLOCKER, lambda f: f.image_id),
-    ("versions.ray-differs", "Ray", Severity.BLOCKER, lambda f: f.runtime_versions.get("ray")),
-    ("versions.vllm-differs", "vLLM", Severity.BLOCKER, lambda f: f.runtime_versions.get("vllm")),
+    ("versions.ray-differs", "Ray", Severity.BLOCKER, _package("ray")),
+    ("versions.vllm-differs", "vLLM", Severity.BLOCKER, _package("vllm")),
     ("versions.python-differs", "Python", Severity.WARNING,
      lambda f: f.runtime_versions.get("python")),
     ("versions.driver-differs", "NVIDIA driver (and with it CUDA)", Severity.WARNING,
@@ -25,7 +38,13 @@ VERSIONED: tuple[tuple[str, str, Severity, Callable[[NodeFacts], str | None]], .
 
 def check_versions(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
     head = inventory.head.name
+    cluster = inventory.cluster
     for id_, what, severity, read in VERSIONED:
+        if id_ == "versions.ray-differs" and (cluster.executor != "ray" or
+                                              (cluster.runtime == "container" and cluster.install_ray)):
+            continue  # no Ray, or the pinned one installed into every container as it starts
+        if id_ == "versions.vllm-differs" and inventory.model is None:
+            continue
         values = {n: v for n, f in facts.items() if (v := read(f))}
         if len(set(values.values())) <= 1:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..facts import NodeFacts
+from ..ray_plan import RAY_AUTH_SINCE, has_token_auth
 from .base import Finding, NodeContext, blocker, manual
 
 # What `docker info` prints on stderr when the daemon's socket is not the user's to use.
@@ -48,6 +49,24 @@ def _container(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
         yield blocker("runtime.image-missing", node, f"the image {image} is not on {node}",
                       said[-1][:200] if said else f"docker image inspect {image}: exit {probe.rc}",
                       manual(f"`spark-cluster up` pulls it (its own step), or on {node}: docker pull {image}"))
+        return
+    if "python" not in facts.runtime_versions:
+        return  # the image's Python did not answer: nothing to say of what it holds
+    cluster = ctx.inventory.cluster
+    where = f"the image {image}"
+    # With install_ray the container's start installs the pinned Ray: the image's own does not matter.
+    if cluster.executor == "ray" and not cluster.install_ray:
+        if "ray" not in facts.runtime_versions:
+            yield blocker("runtime.ray-missing", node, f"Ray is not installed in {where} on {node}",
+                          f"{image}: ray -", manual(
+                              "use an image that has ray[default] (the same on every node), or set "
+                              "cluster.install_ray: true to install the pinned Ray as the container starts"))
+        else:
+            yield from _ray_auth(facts, ctx, where)
+    if ctx.inventory.model is not None and "vllm" not in facts.runtime_versions:
+        yield blocker("runtime.vllm-missing", node, f"vLLM is not installed in {where} on {node}",
+                      f"{image}: vllm -", manual("use an image that has vLLM (nvcr.io/nvidia/vllm:<tag>), "
+                                                 "the same image on every node"))
 
 
 def _host(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
@@ -70,3 +89,23 @@ def _host(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
         if dist not in facts.runtime_versions:
             yield blocker(id_, node, f"{what} is not installed in {python} on {node}",
                           f"{python}: {dist} -", manual(f"install {install} into {python} on {node}"))
+    if cluster.executor == "ray" and "ray" in facts.runtime_versions:
+        yield from _ray_auth(facts, ctx, python)
+
+
+def _ray_auth(facts: NodeFacts, ctx: NodeContext, where: str) -> Iterator[Finding]:
+    """cluster.ray_auth: token needs a Ray that has token authentication; an older one ignores
+    RAY_AUTH_MODE and serves anyone who reaches its ports."""
+    version = facts.runtime_versions["ray"]
+    if ctx.inventory.cluster.ray_auth != "token" or has_token_auth(version):
+        return
+    node = facts.node
+    since = ".".join(map(str, RAY_AUTH_SINCE))
+    yield blocker("runtime.ray-auth-unsupported", node,
+                  f"Ray {version} in {where} on {node} has no token authentication (cluster.ray_auth: token "
+                  f"needs Ray {since} or later)", f"{where}: ray {version}",
+                  manual(f"upgrade Ray to {since} or later, the same version on every node"
+                         + (" (another image, or cluster.install_ray: true)"
+                            if ctx.inventory.cluster.runtime == "container" else "")
+                         + "; or set cluster.ray_auth: none and close Ray's ports to the management "
+                           "network with the firewall rule in docs/security.md"))
