@@ -1192,6 +1192,80 @@ def test_host_runtime_without_ray_or_vllm_is_a_blocker() -> None:
     assert (finding.node, finding.id) == ("spark-b", "runtime.python-missing") and "not found" in finding.evidence
 
 
+IMAGE = "nvcr.io/nvidia/vllm:26.05-py3"
+
+
+@pytest.mark.parametrize("answer, found", [
+    ("3.12.3\nray -\nvllm 0.19.0\ntorch 2.9.0\n", [("spark-b", "runtime.ray-missing")]),
+    ("3.12.3\nray 2.60.0\nvllm -\ntorch -\n", [("spark-b", "runtime.vllm-missing")]),
+    ("3.12.3\nray -\nvllm -\ntorch -\n", [("spark-b", "runtime.ray-missing"), ("spark-b", "runtime.vllm-missing")]),
+])
+def test_container_runtime_without_ray_or_vllm_in_the_image_is_a_blocker(answer: str, found: list) -> None:
+    raws = container_cluster(**{"spark-a": {"python": probe("3.12.3\nray 2.60.0\nvllm 0.19.0\ntorch 2.9.0\n")},
+                                "spark-b": {"python": probe(answer)}})
+    findings = [f for f in findings_of(raws, CONTAINER) if f.id.startswith("runtime.")]
+    assert [(f.node, f.id) for f in findings] == found
+    for f in findings:
+        assert f.blocking and f"the image {IMAGE} on spark-b" in f.message and f.evidence.startswith(f"{IMAGE}: ")
+    ray = [f for f in findings if f.id == "runtime.ray-missing"]
+    assert not ray or "cluster.install_ray: true" in ray[0].fix.note
+    # The same image everywhere but one without Ray: the versions differ too, said as such.
+    differs = [f for f in findings_of(raws, CONTAINER) if f.id in ("versions.ray-differs", "versions.vllm-differs")]
+    assert {(f.node, f.id) for f in differs} == {("spark-b", i.replace("runtime.", "versions.").replace("-missing",
+                                                                                                  "-differs"))
+                                                 for _, i in found}
+    assert all("not installed" in f.message for f in differs)
+
+
+def test_install_ray_makes_a_ray_less_image_fine() -> None:
+    raws = container_cluster(**{n: {"python": probe("3.12.3\nray -\nvllm 0.19.0\ntorch 2.9.0\n")}
+                                for n in ("spark-a", "spark-b")})
+    assert blockers(findings_of(raws, CONTAINER)) == [("spark-a", "runtime.ray-missing"),
+                                                      ("spark-b", "runtime.ray-missing")]
+    installs = dataclasses.replace(CONTAINER, cluster=dataclasses.replace(CONTAINER.cluster, install_ray=True))
+    assert not [f for f in findings_of(raws, installs) if f.id.startswith(("runtime.", "versions."))]
+    # Only one image with Ray: the other gets the pinned one as it starts, nothing differs.
+    raws["spark-a"]["probes"]["python"] = probe("3.12.3\nray 2.49.2\nvllm 0.19.0\ntorch 2.9.0\n")
+    assert not [f for f in findings_of(raws, installs) if f.id.startswith(("runtime.", "versions."))]
+
+
+def test_a_package_on_one_node_only_differs_and_an_unanswered_probe_says_nothing() -> None:
+    raws = healthy_cluster()
+    set_probe(raws["spark-b"], "python", "3.12.3\nray -\nvllm 0.11.0\ntorch 2.9.0\n")
+    found = only(findings_of(raws), "versions.ray-differs")
+    assert (found.node, found.message) == ("spark-b", "Ray on spark-b is not installed, on the others 2.60.0")
+    assert found.evidence == "spark-b: not installed; spark-a: 2.60.0"
+    set_probe(raws["spark-b"], "python", rc=127, err="/bin/sh: 1: /run/spark-lab/python: not found\n")
+    assert not [f for f in findings_of(raws) if f.id.startswith("versions.")]  # python-missing says it
+    # executor mp: no Ray to compare.
+    set_probe(raws["spark-b"], "python", "3.12.3\nray -\nvllm 0.11.0\ntorch 2.9.0\n")
+    mp = dataclasses.replace(INVENTORY, cluster=dataclasses.replace(INVENTORY.cluster, executor="mp"))
+    assert not [f for f in findings_of(raws, mp) if f.id.startswith(("versions.", "runtime."))]
+
+
+@pytest.mark.parametrize("runtime", ["host", "container"])
+def test_a_ray_without_token_authentication_blocks_ray_auth_token(runtime: str) -> None:
+    old = probe("3.12.3\nray 2.49.2\nvllm 0.11.0\ntorch 2.9.0\n")
+    inventory = INVENTORY if runtime == "host" else CONTAINER
+    raws = healthy_cluster() if runtime == "host" else container_cluster()
+    for raw in raws.values():
+        raw["probes"]["python"] = old
+    findings = [f for f in findings_of(raws, inventory) if f.id.startswith("runtime.")]
+    assert [(f.node, f.id, f.blocking) for f in findings] == [
+        ("spark-a", "runtime.ray-auth-unsupported", True), ("spark-b", "runtime.ray-auth-unsupported", True)]
+    where = "/run/spark-lab/python" if runtime == "host" else f"the image {IMAGE}"
+    assert findings[1].message == (f"Ray 2.49.2 in {where} on spark-b has no token authentication "
+                                   "(cluster.ray_auth: token needs Ray 2.52 or later)")
+    assert findings[1].evidence.endswith("ray 2.49.2")
+    note = findings[1].fix.note
+    assert "upgrade Ray to 2.52 or later" in note and "cluster.ray_auth: none" in note and "firewall" in note
+    assert ("cluster.install_ray: true" in note) is (runtime == "container")
+    for changes in ({"ray_auth": "none"}, {"executor": "mp"}) + (({"install_ray": True},) if runtime == "container"
+                                                                 else ()):
+        other = dataclasses.replace(inventory, cluster=dataclasses.replace(inventory.cluster, **changes))
+        assert not [f for f in findings_of(raws, other) if f.id == "runtime.ray-auth-unsupported"], changes
+
+
 def test_memory_against_the_recipe_utilisation_on_unified_memory() -> None:
     """Seed 003's 0.87 on a Spark: about 105.9 GiB must be free at start, not weights + 8 GiB."""
     lab = parse_inventory((REPO / "inventories" / "lab.yaml").read_text(), REPO / "inventories" / "lab.yaml")

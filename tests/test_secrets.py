@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from spark_cluster.inventory import load_inventory
@@ -94,12 +94,14 @@ def test_vllm_start_exports_secret_variables_from_stdin(base, mp: bool) -> None:
 @settings(max_examples=40, deadline=None)
 @given(value=st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=12, max_size=40))
 def test_no_secret_value_in_any_command_or_record(value: str) -> None:
-    inv = with_env(SIM, HF_TOKEN=value)
-    texts = [_start_host(inv, p) for p in plan(inv)] + [json.dumps(_describe(plan(inv)))]
-    texts += [start_command(c) for c in serve_plan(inv).commands] + [json.dumps(launch_record(serve_plan(inv)))]
-    for p in plan_mp(inv, ["x"]):
-        texts.append(" ".join(p.args))
-    assert not any(value in text for text in texts)
+    def texts_of(inv) -> list[str]:  # type: ignore[no-untyped-def]
+        texts = [_start_host(inv, p) for p in plan(inv)] + [json.dumps(_describe(plan(inv)))]
+        texts += [start_command(c) for c in serve_plan(inv).commands] + [json.dumps(launch_record(serve_plan(inv)))]
+        return texts + [" ".join(p.args) for p in plan_mp(inv, ["x"])]
+
+    # A value that is a piece of the commands themselves ('TP_SOCKET_IF') proves nothing either way.
+    assume(not any(value in text for text in texts_of(with_env(SIM, HF_TOKEN="-"))))
+    assert not any(value in text for text in texts_of(with_env(SIM, HF_TOKEN=value)))
 
 
 def test_a_secret_with_a_line_break_is_refused() -> None:
