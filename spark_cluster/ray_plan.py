@@ -23,6 +23,9 @@ from .secrets import FILE_VAR, source_and_remove, split
 PER_NODE_VARS = (
     "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
     "UCX_NET_DEVICES", "NCCL_IB_HCA", "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR",
+    # Under the node's own home: the head's path may not exist on a worker, and Ray ends a
+    # process whose token file it cannot read.
+    "RAY_AUTH_TOKEN_PATH",
 )
 STATE_DIR = "~/.cache/spark-cluster"  # per node: pid files, logs, the config digest
 DASHBOARD_PORT = 8265

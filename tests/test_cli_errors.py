@@ -123,3 +123,18 @@ def test_lan_without_a_key_needs_the_opt_in(tmp_path: Path) -> None:
     assert "# warning: vLLM listens on every interface of spark-a without an API key" in out
     code, out, err = run(["up", str(ROOT / "inventories" / "lab.yaml"), "--dry-run"])
     assert code == 0 and "0.0.0.0" not in out and "--host 127.0.0.1" in out
+
+
+def test_ray_without_authentication_warns_at_every_up(closed_inventory: Path, tmp_path: Path) -> None:
+    """cluster.ray_auth: none leaves Ray's ports open: `up` says so each time, with or without a model."""
+    inv = tmp_path / "open-ray.yaml"
+    inv.write_text(closed_inventory.read_text().replace("  executor: ray\n", "  executor: ray\n  ray_auth: none\n"))
+    said = "Ray runs without authentication (cluster.ray_auth: none)"
+    code, out, err = run(["up", str(inv), "--dry-run"])
+    assert code == 0 and f"# warning: {said}" in out
+    for until in ("ray", "vllm"):
+        code, out, err = run(["up", str(inv), "--until", until])
+        assert_clean(code, out, err)
+        assert code == 1 and err.count(f"warning: {said}") == 1, err
+    code, out, err = run(["up", str(closed_inventory), "--until", "ray"])  # token: nothing to warn of
+    assert code == 1 and "without authentication" not in err

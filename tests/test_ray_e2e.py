@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +69,50 @@ def test_second_up_reuses_the_cluster(lab) -> None:
     assert session() == before
 
 
+TOKEN_FILE = "~/.cache/spark-cluster/sim/ray_auth_token"
+# Asks the dashboard on the link from outside every node's processes (the lab's link is reached
+# only from a node's network namespace): without a token, then with the one read from stdin.
+ASK_DASHBOARD = """
+import sys, urllib.error, urllib.request
+token = sys.stdin.read().strip()
+for headers in ({}, {"Authorization": "Bearer " + token}):
+    request = urllib.request.Request("http://192.168.100.10:8265/api/version", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            print(r.status)
+    except urllib.error.HTTPError as e:
+        print(e.code)
+"""
+# A Ray client on spark-b without the token: the GCS must turn it away.
+CLIENT = "import ray; ray.init(address='192.168.100.10:6379', logging_level='ERROR'); print('connected')"
+
+
+def test_ray_refuses_whoever_lacks_the_token(lab) -> None:
+    code, report = status(lab)  # `status` sends the token: Ray answers it
+    assert code == 0 and alive(report) == {"192.168.100.10": 1.0, "192.168.100.11": 1.0}, report
+    read = {node: on_node(lab, node, f"stat -c %a {TOKEN_FILE} && cat {TOKEN_FILE}").stdout.splitlines()[-2:]
+            for node in ("spark-a", "spark-b")}
+    (mode, token), other = read["spark-a"], read["spark-b"]
+    assert mode == "600" and re.fullmatch(r"[A-Za-z0-9_-]{43}", token) and other == [mode, token]
+    # The dashboard's HTTP API: 401 without the token, 200 with it.
+    asked = subprocess.run(["ip", "netns", "exec", "sclab-spark-b", sys.executable, "-I", "-c", ASK_DASHBOARD],
+                           input=token, capture_output=True, text=True, timeout=60)
+    assert asked.stdout.split() == ["401", "200"], asked.stdout + asked.stderr
+    # The GCS: a Ray client without RAY_AUTH_MODE is refused; the same with the token connects.
+    refused = on_node(lab, "spark-b", f"env -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN_PATH timeout 90 "
+                                      f"/run/spark-lab/python -c \"{CLIENT}\" 2>&1 | tail -n 3")
+    assert "connected" not in refused.stdout and "uthenticat" in refused.stdout, refused.stdout
+    allowed = on_node(lab, "spark-b", f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.cache/spark-cluster/sim/"
+                                      f"ray_auth_token timeout 90 /run/spark-lab/python -c \"{CLIENT}\" 2>&1 | tail -n 3")
+    assert "connected" in allowed.stdout, allowed.stdout
+    # The token is in its file only: on no command line, in no other state file or Ray log.
+    for node in ("spark-a", "spark-b"):
+        found = on_node(lab, node, f"t=$(cat {TOKEN_FILE}); ps -eo args | grep -F -e \"$t\" | grep -v grep; "
+                                   'grep -rlsF -e "$t" ~/.cache/spark-cluster /tmp/ray ~/.ray; echo end')
+        assert found.stdout.splitlines()[1:] == [f"/home/nvidia/.cache/spark-cluster/sim/ray_auth_token", "end"], \
+            found.stdout
+
+
 def test_killed_worker_shows_dead_and_up_heals_it(lab) -> None:
     killed = on_node(lab, "spark-b", "pkill -KILL -x raylet && echo killed")
     assert "killed" in killed.stdout
@@ -115,6 +162,11 @@ def test_container_runtime_through_docker(lab, tmp_path: Path) -> None:
     assert code == 0 and len(alive(report)) == 2
     ps = on_node(boxed, "spark-b", "docker ps --format '{{.Names}}'")
     assert "spark-cluster-sim" in ps.stdout
+    # Ray in the container read the token from the node's file, mounted at its own path:
+    # `docker inspect` holds the path, not the token.
+    inspect = on_node(boxed, "spark-b", f"t=$(cat {TOKEN_FILE}); i=$(docker inspect spark-cluster-sim); "
+                                        'echo "$i" | grep -cF -e "$t"; echo "$i" | grep -c RAY_AUTH_TOKEN_PATH=')
+    assert inspect.stdout.split()[-2:] == ["0", "1"], inspect.stdout
     done = cli("down", str(boxed))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "spark-cluster-sim" not in on_node(boxed, "spark-b", "docker ps -a --format '{{.Names}}'").stdout

@@ -58,7 +58,9 @@ def test_the_api_key_reaches_no_ray_worker_and_no_state_file(lab: Path, tmp_path
     inv = load_inventory(inventory)
     head = inv.head
     python = inv.cluster.python or "python3"
-    asked = on_node(inventory, head.name, f"ADDR={head.link_address}:{inv.cluster.ray_port} "
+    # A Ray client like vLLM's driver: with the cluster's token (Ray refuses one without).
+    asked = on_node(inventory, head.name, f"ADDR={head.link_address}:{inv.cluster.ray_port} RAY_AUTH_MODE=token "
+                                          "RAY_AUTH_TOKEN_PATH=$HOME/.cache/spark-cluster/sim/ray_auth_token "
                                           f"{python} -c '{ASK_WORKERS}'")
     assert asked.returncode == 0, asked.stdout + asked.stderr
     workers = json.loads(asked.stdout.strip().splitlines()[-1])

@@ -17,6 +17,7 @@ IMAGE = "nvcr.io/nvidia/vllm:26.05-py3"
 # Joined only in Python: no command line of this test holds a whole value.
 TOKEN_HEAD, TOKEN_TAIL = "hf_lab", "Q7c2e9d4b1a8f6e3"
 KEY_HEAD, KEY_TAIL = "sk-lab-", "d41f8a2c9e7b3056"
+RAY_TOKEN = "~/.cache/spark-cluster/sim/ray_auth_token"
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +56,21 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
     seen += status.stdout + status.stderr
     ray_json = cli("exec", str(inventory), "--node", "spark-a", "--", "cat ~/.cache/spark-cluster/sim/ray.json")
     assert '"secrets": ["HF_TOKEN"]' in ray_json.stdout, ray_json.stdout
+    # Ray's token, made by `up`: in its 0600 file on each node and nowhere else.
+    ray_token = cli("exec", str(inventory), "--node", "spark-a", "--", f"cat {RAY_TOKEN}").stdout.splitlines()[-1]
+    assert len(ray_token) == 43, ray_token
     for node in ("spark-a", "spark-b"):
         found = cli("exec", str(inventory), "--node", node, "--",
-                    f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; k={KEY_HEAD}; k="$k"{KEY_TAIL}; '
-                    'ps -eo args | grep -F -e "$t" -e "$k" | grep -v grep; '
-                    'grep -rlsF -e "$t" -e "$k" ~/.cache/spark-cluster /tmp/ray; '
-                    'docker inspect spark-cluster-sim | grep -F -e "$t" -e "$k"; '
-                    'ls ~/.cache/spark-cluster/sim/secrets.env 2>/dev/null; echo end')
-        assert found.returncode == 0 and found.stdout.splitlines()[1:] == ["end"], found.stdout
+                    f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; k={KEY_HEAD}; k="$k"{KEY_TAIL}; r=$(cat {RAY_TOKEN}); '
+                    'ps -eo args | grep -F -e "$t" -e "$k" -e "$r" | grep -v grep; '
+                    'grep -rlsF --exclude=ray_auth_token -e "$t" -e "$k" -e "$r" ~/.cache/spark-cluster /tmp/ray; '
+                    'docker inspect spark-cluster-sim | grep -F -e "$t" -e "$k" -e "$r"; '
+                    'ls ~/.cache/spark-cluster/sim/secrets.env 2>/dev/null; '
+                    f'stat -c %a {RAY_TOKEN}; echo end')
+        assert found.returncode == 0 and found.stdout.splitlines()[1:] == ["600", "end"], found.stdout
         inspect = cli("exec", str(inventory), "--node", node, "--", "docker inspect spark-cluster-sim")
         assert "HF_TOKEN=" not in inspect.stdout and "SPARK_CLUSTER_SECRETS_FILE=" in inspect.stdout
+        assert "RAY_AUTH_TOKEN_PATH=/home/nvidia/.cache/spark-cluster/sim/ray_auth_token" in inspect.stdout
     # Ray's processes in the container did get the token (from the file they removed).
     env_of_ray = cli("exec", str(inventory), "--node", "spark-b", "--",
                      f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; for e in /proc/[0-9]*/environ; do '
@@ -72,9 +78,9 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
                      'tr "\\0" " " < ${e%environ}cmdline && echo && break; done; echo end')
     assert "ray" in env_of_ray.stdout.split("\n", 1)[1], env_of_ray.stdout
     local = Path.home() / ".spark-cluster"
-    assert not [p for p in local.rglob("*") if p.is_file() and (key in p.read_text(errors="replace")
-                                                                or token in p.read_text(errors="replace"))]
-    assert key not in seen and token not in seen
+    assert not [p for p in local.rglob("*") if p.is_file() and any(
+        s in p.read_text(errors="replace") for s in (key, token, ray_token))]
+    assert key not in seen and token not in seen and ray_token not in seen
     assert cli("down", str(inventory)).returncode == 0
 
 
