@@ -8,9 +8,6 @@ from ..facts import NodeFacts
 from ..inventory import Inventory
 from .base import Finding, Severity, blocker, gib, manual, warning
 
-# What differing versions cost: Ray refuses to join a cluster of another version (F7), and
-# vLLM/the image must be byte-identical for TP workers; a kernel or driver apart works but
-# is the usual first step towards one node failing after an update.
 NOT_INSTALLED = "not installed"
 
 
@@ -24,6 +21,9 @@ def _package(dist: str) -> Callable[[NodeFacts], str | None]:
     return read
 
 
+# What differing versions cost: Ray refuses to join a cluster of another version (F7), and
+# vLLM/the image must be byte-identical for TP workers; a kernel or driver apart works but
+# is the usual first step towards one node failing after an update.
 VERSIONED: tuple[tuple[str, str, Severity, Callable[[NodeFacts], str | None]], ...] = (
     ("versions.image-differs", "container image ID", Severity.BLOCKER, lambda f: f.image_id),
     ("versions.ray-differs", "Ray", Severity.BLOCKER, _package("ray")),
