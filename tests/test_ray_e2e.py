@@ -109,8 +109,17 @@ def test_ray_refuses_whoever_lacks_the_token(lab) -> None:
     for node in ("spark-a", "spark-b"):
         found = on_node(lab, node, f"t=$(cat {TOKEN_FILE}); ps -eo args | grep -F -e \"$t\" | grep -v grep; "
                                    'grep -rlsF -e "$t" ~/.cache/spark-cluster /tmp/ray ~/.ray; echo end')
-        assert found.stdout.splitlines()[1:] == [f"/home/nvidia/.cache/spark-cluster/sim/ray_auth_token", "end"], \
+        assert found.stdout.splitlines()[1:] == ["/home/nvidia/.cache/spark-cluster/sim/ray_auth_token", "end"], \
             found.stdout
+    # Another token in the head's file: Ray answers 403, and `status` says it refuses our token.
+    on_node(lab, "spark-a", f"cp {TOKEN_FILE} {TOKEN_FILE}.kept && printf other > {TOKEN_FILE}")
+    try:
+        done = cli("status", str(lab))
+    finally:
+        on_node(lab, "spark-a", f"mv -f {TOKEN_FILE}.kept {TOKEN_FILE}")
+    assert done.returncode == 1 and "ray: Ray refuses our token (HTTP 403 Forbidden)" in done.stdout, done.stdout
+    assert "up --restart" in done.stdout and "not running" not in done.stdout
+    assert status(lab)[0] == 0
 
 
 def test_killed_worker_shows_dead_and_up_heals_it(lab) -> None:
