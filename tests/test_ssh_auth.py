@@ -278,3 +278,63 @@ def test_connection_refused_and_timeout_keep_their_hints() -> None:
     assert "is sshd running on spark-a?" in _hint(_translate(refused, "spark-a", "h", "nvidia", 22, None, []))
     late = _translate(socket.timeout("t"), "spark-a", "h", "nvidia", 22, None, [])
     assert str(late).startswith("spark-a: no answer from nvidia@h:22 (timed out)") and "ping" in _hint(late)
+
+
+# --- the HTTP endpoint of a head reached by alias or through a jump host ---------------------
+
+def _lan_plan(address: str):  # noqa: ANN202 - a ServePlan
+    import dataclasses
+
+    from spark_cluster.inventory import load_inventory
+    from spark_cluster.serve_plan import serve_plan
+
+    inv = load_inventory(REPO / "inventories" / "lab.yaml")
+    head = dataclasses.replace(inv.head, address=address)
+    inv = dataclasses.replace(inv, nodes=(head, *inv.workers),
+                              model=dataclasses.replace(inv.model, listen="lan", api_key_env="SPARK_API_KEY"))
+    return serve_plan(inv)
+
+
+class _Head:
+    """An SSH node as reach() sees it: its host, and a connection whose transport a forward uses."""
+
+    name = "spark-a"
+
+    def __init__(self, host: str) -> None:
+        self.host, self.opened = host, []
+
+    def connect(self):  # noqa: ANN201
+        head = self
+
+        class Transport:
+            def open_channel(self, kind, target, peer, timeout=None):  # noqa: ANN001, ANN201
+                head.opened.append((kind, target))
+                raise paramiko.ChannelException(2, "Connect failed")
+
+        return type("Connection", (), {"transport": Transport()})()
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_lan_endpoint_names_the_alias_real_host_and_is_tunnelled_behind_a_jump(home: Path) -> None:
+    from spark_cluster.reach import reach
+    from spark_cluster.remote import Fleet
+
+    (home / ".ssh" / "config").write_text("Host head-direct\n  HostName 10.0.0.11\n"
+                                          "Host head-jumped\n  HostName 10.0.0.21\n  ProxyJump bastion\n")
+    direct = _lan_plan("head-direct")
+    assert direct.endpoint == "http://10.0.0.11:8000/v1"
+    node = _Head("head-direct")
+    with reach(direct, Fleet([node])) as api:
+        assert api.endpoint == direct.endpoint and node.opened == []
+
+    jumped = _lan_plan("head-jumped")
+    assert jumped.endpoint == "http://10.0.0.21:8000/v1"
+    node = _Head("head-jumped")
+    with reach(jumped, Fleet([node])) as api:
+        port = int(api.endpoint.removeprefix("http://127.0.0.1:").removesuffix("/v1"))
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            client.settimeout(5)
+            assert client.recv(1) == b""  # the head refused: the forward closes, as a refusal does
+    assert node.opened == [("direct-tcpip", ("127.0.0.1", 8000))]
