@@ -338,3 +338,28 @@ def test_a_lan_endpoint_names_the_alias_real_host_and_is_tunnelled_behind_a_jump
             client.settimeout(5)
             assert client.recv(1) == b""  # the head refused: the forward closes, as a refusal does
     assert node.opened == [("direct-tcpip", ("127.0.0.1", 8000))]
+
+
+def test_proxyjump_hops_open_in_order_each_through_the_last(home: Path, monkeypatch) -> None:
+    from spark_cluster import ssh_connect
+
+    opened: list[tuple[str, str, str | None, int | None, object]] = []
+
+    def fake_open(name, way, user, port, identity, verify, gateway, *, jump=None):  # noqa: ANN001, ANN202
+        opened.append((name, way.hostname, user, port, gateway))
+        return f"conn-{way.hostname}"
+
+    monkeypatch.setattr(ssh_connect, "_open", fake_open)
+    monkeypatch.setattr(ssh_connect, "Connection", str)  # the fakes above stand for connections
+    (home / ".ssh" / "config").write_text(CONFIG + "\nHost bastion\n    HostName 192.0.2.7\n")
+    verify = ssh_connect._Verify((), "strict", 5)
+    last = ssh_connect._gateway("spark-b", route("spark-b-alias"), verify, depth=0)
+    assert last == "conn-spark-a"
+    assert opened == [("spark-b (jump host admin@bastion:2200)", "192.0.2.7", "admin", 2200, False),
+                      ("spark-b (jump host spark-a)", "spark-a", None, None, "conn-192.0.2.7")]
+
+    # A wildcard block naming a jump host for every host, itself included: one hop, no loop.
+    opened.clear()
+    (home / ".ssh" / "config").write_text("Host *\n    ProxyJump bastion\n")
+    assert ssh_connect._gateway("spark-a", route("10.0.0.11"), verify, depth=0) == "conn-bastion"
+    assert [o[0] for o in opened] == ["spark-a (jump host bastion)"] and opened[0][4] is False
