@@ -3,7 +3,9 @@
 Host keys are always verified. `strict` refuses a host that no known_hosts file lists;
 `accept-new` records a first-seen key (like OpenSSH's StrictHostKeyChecking=accept-new)
 but still refuses a key that changed. Fabric's default would accept anything, so the
-policy is replaced on every connection.
+policy is replaced on every connection, and jump hosts (ProxyJump) are opened here, each
+under the same policy, rather than by fabric. The route comes from ~/.ssh/config
+(`ssh_config`), the keys to offer from `ssh_auth`.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class _Connection(Connection):
 
 @dataclass(frozen=True)
 class _Verify:
+    """What every connection on the way shares: known_hosts files, policy, timeout."""
+
     files: tuple[Path, ...]
     policy: str
     timeout: float
