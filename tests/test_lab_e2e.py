@@ -259,7 +259,9 @@ def _leftovers() -> list[str]:
     if LAB_ROOT.exists():
         found.append(str(LAB_ROOT))
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
-    found += [f"process {p}" for p in ps.splitlines() if "spark-lab" in p or "sclab-" in p]
+    # The lab's own processes run from under its root or in its namespaces; a lock file named
+    # after the lab (a developer's `flock /tmp/spark-lab.lock …`) is not one of them.
+    found += [f"process {p}" for p in ps.splitlines() if str(LAB_ROOT) in p or "sclab-" in p]
     return found
 
 
