@@ -460,7 +460,12 @@ def _login(c: Checker, path: YamlPath, address: str, user: str | None, port: int
         c.report(path + ("address",), str(exc).splitlines()[0], "fix ~/.ssh/config, or set user: and port: here")
         return user, port
     if user is None:
-        user = way.user or getpass.getuser()
+        try:
+            user = way.user or getpass.getuser()
+        except (KeyError, OSError):  # no USER/LOGNAME and a uid without a passwd entry
+            c.report(path, f"no user: for {address}, no User in ~/.ssh/config, and no login name here",
+                     "set user: for this node")
+            return None, port or way.port or 22
         if not _USER.allows(user):
             source = "User in ~/.ssh/config" if way.user else "your login name here"
             c.report(path, f"{source} {user[:40]!r} for {address} cannot be used: {_USER.says}", "set user: for this node")

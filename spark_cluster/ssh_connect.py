@@ -148,6 +148,14 @@ def _gateway(name: str, way: Route, verify: _Verify, depth: int) -> "Connection 
     return previous
 
 
+def _login_name() -> str | None:
+    """This machine's login name, as ssh uses it when nothing names a user."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no USER/LOGNAME and a uid without a passwd entry
+        return None
+
+
 def _hop(text: str) -> tuple[str | None, str, int | None]:
     """ProxyJump's `[user@]host[:port]`."""
     user, _, rest = text.rpartition("@")
@@ -174,7 +182,11 @@ def _open(
     *,
     jump: str | None = None,
 ) -> Connection:
-    user = user or way.user or getpass.getuser()
+    user = user or way.user or _login_name()
+    if user is None:
+        raise ConnectError(name, f"no user to log in to {way.hostname} as: none in ~/.ssh/config, and "
+                                 "this machine has no login name for its uid",
+                           f"set User for {way.alias} in ~/.ssh/config")
     port = port or way.port or 22
     # The inventory's key, when named, is the only one offered, as `ssh -i KEY -o
     # IdentitiesOnly=yes` would: a wrong key fails fast instead of after every agent key.
