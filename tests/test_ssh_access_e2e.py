@@ -22,6 +22,7 @@ pytestmark = LAB_MARKS
 
 LAB_KEY = simlab.LAB_ROOT / "id_ed25519"
 A, B = "10.117.0.11", "10.117.0.12"
+RAIL_A = "192.168.100.10"  # spark-a's first rail: spark-b reaches it, this machine does not
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ Host spark-b-via-a
     User nvidia
     ProxyJump lab-a
 Host spark-a-via-b
-    HostName {A}
+    HostName {RAIL_A}
     User nvidia
     ProxyJump lab-b
 """
@@ -155,21 +156,29 @@ def test_the_jump_host_key_is_verified_too(lab, tmp_path: Path) -> None:
 
 
 def test_status_reaches_the_api_of_a_head_behind_a_jump_host(lab, tmp_path: Path) -> None:
+    """The head is known by an address only spark-b reaches (its rail), as a head on a private
+    network behind a bastion is: every command and the API itself go through spark-b."""
     env = _home(tmp_path)
     # Fast weights and no compile: this test is about the way there, not the load.
     inventory = _aliased(lab, tmp_path / "head-jump.yaml", {"spark-a": "spark-a-via-b", "spark-b": "lab-b"},
                          env="{SPARK_LAB_LOAD_MBPS: '400', SPARK_LAB_COMPILE_S: '0'}")
+    known = tmp_path / "known_hosts"
+    lines = (simlab.LAB_ROOT / "known_hosts").read_text().splitlines()
+    head_key = next(line.split(" ", 1)[1] for line in lines if line.startswith(f"{A} "))
+    known.write_text("".join(f"{line}\n" for line in lines) + f"{RAIL_A} {head_key}\n")
+    inventory.write_text(inventory.read_text().replace(f"known_hosts: {simlab.LAB_ROOT / 'known_hosts'}",
+                                                       f"known_hosts: {known}"))
     started = time.monotonic()
     up = cli("up", str(inventory), env=env, timeout=240)
     print(f"up through the jump host: {time.monotonic() - started:.1f} s")
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         # The endpoint names the alias's real host, not the alias.
-        assert f"serves at http://{A}:8000/v1" in up.stdout + up.stderr
+        assert f"serves at http://{RAIL_A}:8000/v1" in up.stdout + up.stderr
         done = cli("status", str(inventory), "--json", env=env, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         vllm = json.loads(done.stdout)["vllm"]
-        assert vllm["endpoint"] == f"http://{A}:8000/v1"
+        assert vllm["endpoint"] == f"http://{RAIL_A}:8000/v1"
         assert vllm["health"] == 200 and vllm["model"], vllm
     finally:
         down = cli("down", str(inventory), env=env, timeout=120)
