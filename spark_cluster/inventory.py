@@ -91,8 +91,8 @@ class NodeSpec:
 
     name: str
     address: str
-    user: str
-    port: int
+    user: str  # as written, or as ~/.ssh/config says for `address`, or the local login name
+    port: int  # as written, or ~/.ssh/config's Port, or 22
     identity: str | None
     role: str
     link: Link
@@ -445,16 +445,45 @@ def _parse_node(c: Checker, value: object, path: YamlPath, base: Path) -> _Draft
     fields: dict[str, tuple[Reader, object]] = {
         "name": (lambda v, p: c.text(v, p, _NODE_NAME), REQUIRED),
         "address": (lambda v, p: _address(c, v, p), REQUIRED),
-        "user": (lambda v, p: c.text(v, p, _USER), REQUIRED),
-        "port": (lambda v, p: c.integer(v, p, 1, 65535), 22),
+        "user": (lambda v, p: c.text(v, p, _USER), None),
+        "port": (lambda v, p: c.integer(v, p, 1, 65535), None),
         "identity": (lambda v, p: _local_path(c, v, p, base), None),
         "role": (lambda v, p: c.choice(v, p, ("head", "worker")), "worker"),
         "link": (lambda v, p: _parse_link(c, v, p), REQUIRED),
     }
     f = c.fill(value, path, fields, partial=True)
+    if f is not None and f.get("address") and (f.get("user") is None or f.get("port") is None):
+        f["user"], f["port"] = _login(c, path, f["address"], f.get("user"), f.get("port"))
     # Not a mapping: an empty draft, whose unknown role keeps "no head" from being claimed.
     read = f if f is not None else dict.fromkeys(("name", "address", "role", "link"))
     return _Draft(path, {**read, "line": c.line(path)})
+
+
+def _login(c: Checker, path: YamlPath, address: str, user: str | None, port: int | None) -> tuple[str | None, int | None]:
+    """User and port left out of the inventory, as `ssh ADDRESS` would pick them: ssh_config's
+    User and Port for that host, else the local login name and 22. A value written in the
+    inventory wins, as one on ssh's command line does."""
+    import getpass
+
+    from .ssh_config import SSHConfigError, route
+
+    try:
+        way = route(address)
+    except SSHConfigError as exc:
+        c.report(path + ("address",), str(exc).splitlines()[0], "fix ~/.ssh/config, or set user: and port: here")
+        return user, port
+    if user is None:
+        try:
+            user = way.user or getpass.getuser()
+        except (KeyError, OSError):  # no USER/LOGNAME and a uid without a passwd entry
+            c.report(path, f"no user: for {address}, no User in ~/.ssh/config, and no login name here",
+                     "set user: for this node")
+            return None, port or way.port or 22
+        if not _USER.allows(user):
+            source = "User in ~/.ssh/config" if way.user else "your login name here"
+            c.report(path, f"{source} {user[:40]!r} for {address} cannot be used: {_USER.says}", "set user: for this node")
+            user = None
+    return user, port or way.port or 22
 
 
 def _local_path(c: Checker, value: object, path: YamlPath, base: Path) -> str | None:

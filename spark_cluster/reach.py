@@ -67,21 +67,37 @@ class Forward:
         self._thread.join(timeout=2)
 
 
+def _behind_jump(node) -> bool:  # noqa: ANN001 - a Node
+    from .ssh_config import SSHConfigError, route
+
+    host = getattr(node, "host", None)
+    if host is None:  # not an SSH node (tests, this machine)
+        return False
+    try:
+        return route(host).via is not None
+    except SSHConfigError:
+        return False
+
+
 @contextmanager
 def reach(plan: ServePlan, fleet: Fleet) -> Iterator[ServePlan]:
     """The plan with an endpoint this machine can use while the block runs.
 
-    listen lan: the plan itself. Otherwise a forward to where vLLM listens on the head; when
-    the head cannot be reached, the plan itself (its endpoint then answers nothing, which is
-    what `status` reports).
+    listen lan: the plan itself, unless the head sits behind a jump host (ProxyJump or
+    ProxyCommand in ~/.ssh/config), whose network this machine may not reach. Otherwise a
+    forward to where vLLM listens on the head; when the head cannot be reached, the plan
+    itself (its endpoint then answers nothing, which is what `status` reports).
     """
+    target = plan.bind_host
     if plan.listen == "lan":
-        yield plan
-        return
+        if not _behind_jump(fleet.node(plan.head.node)):
+            yield plan
+            return
+        target = "127.0.0.1"  # vLLM listens on every interface: the head's own loopback is one
     forward = None
     try:
         connection = fleet.node(plan.head.node).connect()  # type: ignore[attr-defined]
-        forward = Forward(connection.transport, plan.bind_host, plan.port)
+        forward = Forward(connection.transport, target, plan.port)
     except (SparkClusterError, AttributeError, OSError):
         pass
     try:

@@ -147,6 +147,7 @@ class Node(Protocol):
         timeout: float | None = 60.0,
         env: Mapping[str, str] | None = None,
         stdin: str | None = None,
+        on_output: Callable[[str], None] | None = None,
     ) -> Result: ...
 
     def close(self) -> None: ...
@@ -166,13 +167,15 @@ class _Runner:
         timeout: float | None = 60.0,
         env: Mapping[str, str] | None = None,
         stdin: str | None = None,
+        on_output: Callable[[str], None] | None = None,
     ) -> Result:
         """``stdin``: text for the command's standard input; how a secret reaches a node
-        without appearing on any command line."""
+        without appearing on any command line. ``on_output``: called with each piece of
+        stdout or stderr as it arrives (a long step can say what it waits for)."""
         full = with_env(command, env)
         started = time.monotonic()
         try:
-            stdout, stderr, code = self._execute(full, sudo, timeout, stdin)
+            stdout, stderr, code = self._execute(full, sudo, timeout, stdin, on_output)
         except TimeoutError:
             raise CommandTimeout(
                 f"{self.name}: `{command}` ran past its {timeout:g} s timeout"
@@ -180,7 +183,8 @@ class _Runner:
         return Result(self.name, command, stdout, stderr, code, time.monotonic() - started)
 
     def _execute(self, line: str, sudo: bool, timeout: float | None,
-                 stdin: str | None = None) -> tuple[str, str, int]:
+                 stdin: str | None = None,
+                 on_output: Callable[[str], None] | None = None) -> tuple[str, str, int]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -193,6 +197,17 @@ class _WholeStream(io.StringIO):
 
     def read(self, size: int | None = -1) -> str:
         return super().read()
+
+
+class _Tap(io.TextIOBase):
+    """An output stream for invoke that hands each piece to a callback and shows nothing."""
+
+    def __init__(self, on_output: Callable[[str], None]) -> None:
+        self._on_output = on_output
+
+    def write(self, text: str) -> int:
+        self._on_output(text)
+        return len(text)
 
 
 class SSHNode(_Runner):
@@ -240,7 +255,8 @@ class SSHNode(_Runner):
             return self._connection
 
     def _execute(self, line: str, sudo: bool, timeout: float | None,
-                 stdin: str | None = None) -> tuple[str, str, int]:
+                 stdin: str | None = None,
+                 on_output: Callable[[str], None] | None = None) -> tuple[str, str, int]:
         from invoke.exceptions import CommandTimedOut
         from paramiko.ssh_exception import SSHException
 
@@ -250,6 +266,10 @@ class SSHNode(_Runner):
         feed = sudo_stdin(password, stdin)
         options = {"hide": True, "warn": True, "timeout": timeout,
                    "in_stream": _WholeStream(feed or "")}
+        if on_output is not None:
+            # Captured all the same; "shown" only to the tap, never to this terminal.
+            tap = _Tap(on_output)
+            options.update(hide=False, out_stream=tap, err_stream=tap)
         try:
             raw = connection.run(sudo_line(line, password=password is not None) if sudo else line,
                                  **options)
@@ -279,7 +299,8 @@ class LocalNode(_Runner):
         self.name = name
 
     def _execute(self, line: str, sudo: bool, timeout: float | None,
-                 stdin: str | None = None) -> tuple[str, str, int]:
+                 stdin: str | None = None,
+                 on_output: Callable[[str], None] | None = None) -> tuple[str, str, int]:
         try:
             done = subprocess.run(
                 ["sh", "-c", sudo_line(line) if sudo else line],
@@ -290,6 +311,8 @@ class LocalNode(_Runner):
             )
         except subprocess.TimeoutExpired:
             raise TimeoutError from None
+        if on_output is not None:  # this machine's steps are short: all of it, at the end
+            on_output(done.stdout + done.stderr)
         return done.stdout, done.stderr, done.returncode
 
 

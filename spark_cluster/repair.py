@@ -6,6 +6,7 @@ plans at the same time, each plan's steps in order, stopping a plan at its first
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +130,38 @@ def _reboot(node: Node, step: PlannedStep, wait_s: float,
                        f"no new boot after {wait_s:.0f} s{f' ({dropped})' if dropped else ''}")
 
 
+_LOCK_WAIT = re.compile(r"Waiting for cache lock: Could not get lock (\S+?)\.? It is held by ([^\n]*?)(?:\.\.\.|\n|$)")
+_LOCK_TIMEOUT = re.compile(r"DPkg::Lock::Timeout=(\d+)", re.IGNORECASE)
+
+
+def _run_step(node: Node, step: PlannedStep, progress: Progress | None) -> Result:
+    """Run one step; when apt in it waits for the dpkg lock (unattended-upgrades holds it
+    for minutes on DGX OS), say so at once, and again when the wait is over."""
+    if progress is None:
+        return node.run(step.command, sudo=step.sudo, timeout=600)
+    seen: list[str] = []
+    waiting: list[float] = []
+
+    def watch(text: str) -> None:
+        seen.append(text)
+        if waiting:
+            return
+        found = _LOCK_WAIT.search("".join(seen)[-4096:])
+        if found:
+            waiting.append(time.monotonic())
+            limit = _LOCK_TIMEOUT.search(step.command)
+            up_to = f" (apt waits up to {limit.group(1)} s)" if limit else ""
+            progress(node.name, f"waiting for the dpkg lock {found.group(1)}, held by {found.group(2)}{up_to}")
+
+    result = node.run(step.command, sudo=step.sudo, timeout=600, on_output=watch)
+    if waiting:
+        after = f"{time.monotonic() - waiting[0]:.0f} s"
+        progress(node.name, f"got the dpkg lock after {after}" if result.ok
+                 else f"gave up on the dpkg lock after {after}" if "Could not get lock" in result.stderr
+                 else f"the step failed after waiting {after} for the dpkg lock")
+    return result
+
+
 def run_plans(node: Node, plans: Sequence[tuple[int, Plan]], approved: set[tuple[int, int]],
               allow_reboot: bool, reboot_wait_s: float = REBOOT_WAIT_S,
               progress: Progress | None = None) -> list[PlanOutcome]:
@@ -149,7 +182,7 @@ def run_plans(node: Node, plans: Sequence[tuple[int, Plan]], approved: set[tuple
                     break
                 outcome.steps.append(_reboot(node, step, reboot_wait_s, progress))
             else:
-                result = node.run(step.command, sudo=step.sudo, timeout=600)
+                result = _run_step(node, step, progress)
                 outcome.steps.append(StepOutcome(step, "ok" if result.ok else "failed", result))
             if outcome.steps[-1].status == "failed":
                 break

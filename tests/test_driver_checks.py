@@ -39,10 +39,10 @@ def test_proprietary_modules_on_gb10_and_their_repair() -> None:
     hit = only(findings_of(raws), "driver.proprietary-modules")
     assert "open" in hit.message and "RmInitAdapter failed! (0x62:0x1a:2631)" in hit.evidence
     assert fix_commands(hit) == [
-        "sudo -n -- sh -c 'apt-get update -q'",
+        "sudo -n -- sh -c 'apt-get -o DPkg::Lock::Timeout=300 update -q'",
         f"sudo -n -- sh -c 'apt-get install -s linux-modules-nvidia-580-open-{KERNEL}'",
-        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y linux-modules-nvidia-580-open-{KERNEL}'",
-        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get remove -y linux-modules-nvidia-580-{KERNEL}'",
+        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y linux-modules-nvidia-580-open-{KERNEL}'",
+        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 remove -y linux-modules-nvidia-580-{KERNEL}'",
         "sudo -n -- sh -c 'systemctl reboot 2>/dev/null || reboot'",
     ]
 
@@ -82,8 +82,8 @@ def test_dkms_module_without_headers_is_rebuilt_by_dkms() -> None:
     hit = only(findings_of(raws), "driver.modules-missing")
     assert "DKMS" in hit.message and f"linux-headers-{NEW_KERNEL} is not installed" in hit.message
     assert fix_commands(hit) == [
-        "sudo -n -- sh -c 'apt-get update -q'",
-        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y linux-headers-{NEW_KERNEL}'",
+        "sudo -n -- sh -c 'apt-get -o DPkg::Lock::Timeout=300 update -q'",
+        f"sudo -n -- sh -c 'DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y linux-headers-{NEW_KERNEL}'",
         f"sudo -n -- sh -c 'dkms autoinstall -k {NEW_KERNEL}'",
         "sudo -n -- sh -c 'modprobe nvidia && modprobe nvidia_uvm'",
     ]

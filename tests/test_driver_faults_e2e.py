@@ -85,8 +85,8 @@ def test_proprietary_modules_dry_run_then_repair(lab) -> None:
     assert "RmInitAdapter failed!" in finding(report, "driver.proprietary-modules")["evidence"]
     done = cli("fix", str(inventory), "--dry-run")
     assert done.returncode == 0, done.stderr
-    for step in ("apt-get install -y linux-modules-nvidia-580-open-6.17.0-1014-nvidia",
-                 "apt-get remove -y linux-modules-nvidia-580-6.17.0-1014-nvidia",
+    for step in ("apt-get -o DPkg::Lock::Timeout=300 install -y linux-modules-nvidia-580-open-6.17.0-1014-nvidia",
+                 "apt-get -o DPkg::Lock::Timeout=300 remove -y linux-modules-nvidia-580-6.17.0-1014-nvidia",
                  "systemctl reboot"):
         assert step in done.stdout, done.stdout
     assert check(inventory)[0] == 1  # the dry run changed nothing

@@ -120,7 +120,7 @@ def test_lab_example_loads_with_the_documented_values() -> None:
 # (case id, replaced lines, line of the problem, words in its message, words in its hint)
 CASES = [
     ("unknown key", {"l14": "    rol: head"}, 14, "unknown key 'rol' in nodes[0]", "did you mean 'role'?"),
-    ("missing key", {"l11": "    # no user"}, 9, "missing required key 'user' in nodes[0]", "user:"),
+    ("missing key", {"l10": "    # no address"}, 9, "missing required key 'address' in nodes[0]", "address:"),
     ("missing cluster name", {"l2": "  # none"}, 1, "missing required key 'name' in cluster", ""),
     ("key without value", {"l10": "    address:"}, 10, "nodes[0].address has no value", ""),
     ("quoted port", {"l12": '    port: "22"'}, 12, "port must be a whole number, got the string '22'", "quotes"),

@@ -590,3 +590,52 @@ def test_a_stand_in_starts_fast(node: Node) -> None:
     median = statistics.median(times)
     print(f"stand-in start (uname -r): median {median * 1000:.1f} ms, best {min(times) * 1000:.1f} ms")
     assert median < 0.150
+
+
+HOLDER = """
+import fcntl, os, sys, time
+with open('/proc/self/comm', 'w') as comm:
+    comm.write('unattended-upgr')  # what /proc shows of unattended-upgrades (15 characters)
+handle = os.fdopen(os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o640), 'r+')
+fcntl.lockf(handle, fcntl.LOCK_EX)
+print('locked', flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _hold_frontend_lock(node: Node, seconds: float) -> subprocess.Popen[str]:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(node.paths.root / "dpkg-lock-frontend"),
+                               str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    return holder
+
+
+def test_apt_get_waits_for_the_dpkg_lock_as_long_as_it_is_told(node: Node) -> None:
+    package = "linux-modules-nvidia-580-open-6.17.0-1018-nvidia"
+    holder = _hold_frontend_lock(node, 60)
+    try:
+        # apt-get's default: no wait at all.
+        refused = node.run("apt-get", "install", "-y", package)
+        assert refused.returncode == 100
+        assert refused.stderr == (
+            f"E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process {holder.pid} (unattended-upgr)\n"
+            "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is another process using it?\n")
+        started = time.monotonic()
+        late = node.run("apt-get", "-o", "DPkg::Lock::Timeout=2", "install", "-y", package)
+        assert late.returncode == 100 and 2 <= time.monotonic() - started < 6
+        assert late.stdout.startswith("Waiting for cache lock: Could not get lock /var/lib/dpkg/lock-frontend. "
+                                      f"It is held by process {holder.pid} (unattended-upgr)...\n")
+        assert "Could not get lock" in late.stderr
+        assert package not in node.state["packages"]
+    finally:
+        holder.kill()
+        holder.wait()
+    holder = _hold_frontend_lock(node, 2)
+    started = time.monotonic()
+    waited = node.run("apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", package)
+    holder.wait()
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert 1 <= time.monotonic() - started < 10
+    assert waited.stdout.startswith("Waiting for cache lock: Could not get lock /var/lib/dpkg/lock-frontend. "
+                                    f"It is held by process {holder.pid} (unattended-upgr)...\nReading package lists...")
+    assert package in node.state["packages"]

@@ -126,6 +126,81 @@ def _origin(rec: dict[str, Any]) -> str:
     return f"Ubuntu:24.04/{rec.get('suite', 'noble-updates')} [{rec['arch']}]"
 
 
+FRONTEND_LOCK = "/var/lib/dpkg/lock-frontend"  # the path apt names; the node's own file stands in for it
+
+
+def _frontend_lock_file(ctx: Ctx) -> Any:
+    """The node's dpkg frontend lock, held as apt holds it: an fcntl (POSIX record) lock, whose
+    holder `F_GETLK` names. Another process of the node (unattended-upgrades) may hold it."""
+    import os
+
+    path = ctx.paths.root / "dpkg-lock-frontend"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
+    return os.fdopen(fd, "r+")
+
+
+def lock_holder(handle: Any) -> str:
+    """`process N (comm)` for the lock's holder, as apt words it."""
+    import fcntl
+    import struct
+
+    query = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0)
+    _, _, _, _, pid = struct.unpack("hhqqi4x", fcntl.fcntl(handle.fileno(), fcntl.F_GETLK, query))
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return f"process {pid} ({comm.read().strip()})"
+    except OSError:
+        return f"process {pid}"
+
+
+def _take_frontend_lock(ctx: Ctx, timeout_s: float) -> Any:
+    """Hold the frontend lock, waiting up to `timeout_s` (DPkg::Lock::Timeout) as apt 2.7 does:
+    one "Waiting for cache lock" line (progress without a terminal), then on with the work, or
+    apt's two error lines at the deadline. apt rechecks once a second."""
+    import fcntl
+    import time
+
+    handle = _frontend_lock_file(ctx)
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if said:
+                sys.stdout.write("\n")
+            return handle
+        except OSError:
+            holder = lock_holder(handle)
+        if time.monotonic() >= deadline:
+            if said:
+                sys.stdout.write("\n")
+            handle.close()
+            raise AptError(f"E: Could not get lock {FRONTEND_LOCK}. It is held by {holder}\n"
+                           f"E: Unable to acquire the dpkg frontend lock ({FRONTEND_LOCK}), "
+                           "is another process using it?")
+        if not said:
+            sys.stdout.write(f"Waiting for cache lock: Could not get lock {FRONTEND_LOCK}. It is held by {holder}...")
+            sys.stdout.flush()
+            said = True
+        time.sleep(1)
+
+
+def _lock_timeout(argv: list[str], prog: str) -> float:
+    """DPkg::Lock::Timeout from `-o` (apt's configuration keys ignore case); apt-get's default
+    is not to wait, apt's is 120 s when it has no terminal."""
+    timeout = 0.0 if prog == "apt-get" else 120.0
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg in ("-o", "--option") and i + 1 < len(argv) else (
+            arg[2:] if arg.startswith("-o") else arg.removeprefix("--option=") if arg.startswith("--option=") else "")
+        key, _, number = value.partition("=")
+        if key.lower() == "dpkg::lock::timeout":
+            try:
+                timeout = float(number)
+            except ValueError:
+                pass
+    return timeout
+
+
 def _parse(argv: list[str]) -> tuple[str | None, list[str], set[str]]:
     command, words, flags = None, [], set()
     args = iter(argv)
@@ -179,11 +254,14 @@ def apt_get(ctx: Ctx, argv: list[str], prog: str = "apt-get") -> int:
         return 100
     if simulate and not is_root():
         out(SIMULATION_NOTE.format(prog=prog))
-    if "qq" not in flags:  # quiet level 2 drops the progress lines
-        out(_progress("Reading package lists..."))
-        out(_progress("Building dependency tree..."))
-        out(_progress("Reading state information..."))
+    frontend = None
     try:
+        if not simulate:  # apt locks before it reads the cache; a simulation takes no lock
+            frontend = _take_frontend_lock(ctx, _lock_timeout(argv, prog))
+        if "qq" not in flags:  # quiet level 2 drops the progress lines
+            out(_progress("Reading package lists..."))
+            out(_progress("Building dependency tree..."))
+            out(_progress("Reading state information..."))
         if simulate:
             return _transaction(ctx, ctx.state, command, words, flags, prog)
         with ctx.locked() as state:
@@ -191,6 +269,9 @@ def apt_get(ctx: Ctx, argv: list[str], prog: str = "apt-get") -> int:
     except AptError as e:
         err(str(e))
         return 100
+    finally:
+        if frontend is not None:
+            frontend.close()
 
 
 def apt(ctx: Ctx, argv: list[str]) -> int:
