@@ -52,7 +52,9 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
         "if [ \"$(ps -o sid= -p \"$sid\" 2>/dev/null | tr -d ' ')\" = \"$sid\" ]; then kill -TERM \"$sid\"; "
         "else pkill -TERM -s \"$sid\"; fi 2>/dev/null; "
         f"for i in $(seq {waits}); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
-        "pkill -KILL -s \"$sid\" 2>/dev/null; sleep 0.2; "
+        # A KILLed process lingers until its parent or init reaps it: seconds on a loaded node.
+        "pkill -KILL -s \"$sid\" 2>/dev/null; "
+        "for i in $(seq 25); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
         "if pgrep -s \"$sid\" >/dev/null; then echo \"left: $(pgrep -s \"$sid\" | tr '\\n' ' ')\"; exit 1; fi; "
         f"rm -f {removed}"
     )
