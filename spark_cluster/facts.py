@@ -1,6 +1,6 @@
 """A node's facts, parsed from the raw probe outputs of one round trip (pure functions).
 
-Every parser takes the text a real tool prints (formats in shared/facts/spark-hosts.md)
+Every parser takes the text a real tool prints (recorded samples in tests/data)
 and never raises on odd input: what cannot be read stays None, and the checks say so.
 """
 
@@ -165,7 +165,7 @@ def parse_packages(text: str) -> dict[str, Package]:
     """`dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'` lines.
 
     Installed means dpkg's second status letter says so: `ii`, but also `hi` (held, as the
-    kernel/driver hold sets of spark-hosts.md §1.6 leave them); not `rc`, `un` or `iF`."""
+    kernel/driver hold sets of DGX OS leave them); not `rc`, `un` or `iF`."""
     packages = {}
     for line in text.splitlines():
         parts = line.split("\t")

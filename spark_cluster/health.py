@@ -9,7 +9,7 @@ from .readiness import http, unauthorized_hint
 from .serve import api_key
 from .serve_plan import ServePlan
 
-# vLLM's metric names (vllm-ray.md §5) -> the key status reports them under.
+# vLLM's metric names -> the key status reports them under.
 METRICS = {
     "vllm:num_requests_running": "requests_running",
     "vllm:num_requests_waiting": "requests_waiting",

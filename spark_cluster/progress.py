@@ -1,7 +1,7 @@
 """vLLM startup log lines -> events -> one conclusion. Pure: no I/O, no clock.
 
 Reads the logs of vLLM 0.5/0.6 through 0.33 as they reach a terminal or a file
-(docs/diagnose.md; the strings come from /work/shared/facts/vllm-ray.md §1-§3, §8):
+(docs/diagnose.md; the strings are those of real logs, kept in tests/data/vllm-logs):
 
 * ANSI colour codes (vLLM's own, Ray's `\\x1b[36m(...)\\x1b[0m`) are removed;
 * process prefixes are peeled off, repeatedly: `(APIServer pid=1)`, `(EngineCore_DP0 pid=2)`,
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 # In the order vLLM runs them: the KV cache is sized from the profile run, then the CUDA graphs
-# are captured for the batch sizes it allows (both real Spark logs, facts/vllm-ray.md §8).
+# are captured for the batch sizes it allows (both real Spark logs).
 PHASES = ("engine-args", "ray", "workers", "weights", "compile", "kv-cache", "cuda-graphs",
           "api-server", "ready")
 CAUSES = ("nccl", "placement-group", "oom", "kv-cache-memory", "driver", "engine-died",

@@ -3,7 +3,7 @@
 Each node's environment comes from that node's own link (its address, its interface,
 its twin HCAs), never from the head's: vLLM's Ray executor copies some of the driver's
 variables to the workers, so the per-node ones are also listed in
-ray_non_carry_over_env_vars.json on every node (see vllm-ray.md §6).
+ray_non_carry_over_env_vars.json on every node.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The NVIDIA driver: does it answer, and when not, exactly why (spark-hosts.md §1)."""
+"""The NVIDIA driver: does it answer, and when not, exactly why."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from ..facts import GIB, NodeFacts, Process
 from ..inventory import Inventory
 from .base import Finding, NodeContext, blocker, fix, gib, info, manual, warning
 
-# Other inference servers people leave running on a Spark (spark-hosts.md F2): by process
+# Other inference servers people leave running on a Spark: by process
 # name, and by words in the command line for the ones that run as `python`.
 COMPETING_NAMES = {"ollama", "llama-server", "tritonserver", "text-generation-launcher",
                    "lms", "LM Studio", "localai"}

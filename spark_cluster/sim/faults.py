@@ -1,4 +1,4 @@
-"""Faults as a real Spark gets them, at the level of the node's state (spark-hosts.md §1, §5).
+"""Faults as a real Spark gets them, at the level of the node's state.
 
 link-down, mtu, crossed-rails, disk-full, sudo-password (the login user's sudo rule wants its password) and
 docker-group (the login user is not in the docker group) are done live by the lab
@@ -60,7 +60,7 @@ def _kernel_update(state: dict[str, Any], to: str | None = None) -> None:
         raise ValueError(f"unknown kernel {new!r}; known: {', '.join(KERNELS)}")
     packages, archive = state["packages"], state["archive"]
     # `apt upgrade` took the new kernel through its metas; phased updates held back the
-    # module meta, so nothing pulled in the matching nvidia modules (§1.2 cause 1).
+    # module meta, so nothing pulled in the matching nvidia modules.
     packages.update(kernel_records(new))
     for name, rec in meta_records(new).items():
         archive[name] = [rec]
@@ -84,7 +84,7 @@ def _driver_mismatch(state: dict[str, Any], to: str | None = None) -> None:
     if "nvidia" not in state["modules"]["loaded"]:  # the old module must be the one running
         state["modules"]["loaded"] += [m for m in NVIDIA_MODULES if m not in state["modules"]["loaded"]]
         state["driver"]["loaded"] = module_driver(state, kver) or old
-    # An upgrade nobody ran (unattended-upgrades, §1.6): the archive moved to the new build,
+    # An upgrade nobody ran (unattended-upgrades): the archive moved to the new build,
     # userspace and every installed nvidia.ko were replaced on disk, the loaded module was not.
     for name, rec in userspace_records(new).items():
         archive[name] = [rec]

@@ -47,7 +47,7 @@ TOOLS: tuple[str, ...] = (
 )
 
 # Kernels the simulated archive knows, oldest first. Only the 1014 build string is copied
-# from a real Spark (spark-hosts.md §3.3); the later ones follow its pattern.
+# from a real Spark; the later ones follow its pattern.
 KERNELS: dict[str, dict[str, str]] = {
     "6.17.0-1014-nvidia": {"version": "6.17.0-1014.14",
                            "build": "#14-Ubuntu SMP PREEMPT_DYNAMIC Tue Mar 17 19:01:40 UTC 2026"},
@@ -177,7 +177,7 @@ def healthy_archive(kver: str = HEALTHY_KERNEL, driver: str = HEALTHY_DRIVER) ->
 
 
 def _gpu_uuid(index: int) -> str:
-    if index == 0:  # the UUID of a real Spark (spark-hosts.md §3.1), so one node looks familiar
+    if index == 0:  # the UUID of a real Spark, so one node looks familiar
         return "GPU-b0ec33a0-2589-53de-953c-0713d37d0794"
     h = _hex(f"gb10-{index}", 32)
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -2,7 +2,7 @@
 
 `serve_api(host, port, model)` starts a ThreadingHTTPServer in a daemon thread and returns it
 (`.shutdown()` stops it and closes the socket). It answers the routes that
-docs (/work/shared/facts/vllm-ray.md §4) say vLLM 0.19/0.33 serve, with vLLM's shapes and codes:
+vLLM 0.19/0.33 serve, with vLLM's shapes and codes:
 
     GET  /health, GET|POST /ping   200 with an empty body; 503 once `server.engine.dead` is set
     GET  /version                  {"version": "0.19.0"}
@@ -10,7 +10,7 @@ docs (/work/shared/facts/vllm-ray.md §4) say vLLM 0.19/0.33 serve, with vLLM's 
     GET  /v1/models                the model card list
     POST /v1/completions           text_completion, non-streaming or SSE
     POST /v1/chat/completions      chat.completion, non-streaming or SSE chat.completion.chunk
-    GET  /metrics                  Prometheus text with vLLM's metric names (§5), labels model_name, engine
+    GET  /metrics                  Prometheus text with vLLM's metric names, labels model_name, engine
 
 Generation is a model of the engine, not a model: each request is admitted to at most
 `max_num_seqs` running slots (the rest wait, as vLLM's scheduler queue), then "prefills" at

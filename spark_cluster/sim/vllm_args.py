@@ -1,7 +1,7 @@
 """`vllm serve` argument parsing for the lab's vLLM TEST DOUBLE (emulating vLLM 0.19.0).
 
-Flag names, short forms, choices and defaults follow vLLM 0.19's `vllm/engine/arg_utils.py`
-(/work/shared/facts/vllm-ray.md §6). Unknown flags are rejected the way argparse does for vLLM:
+Flag names, short forms, choices and defaults follow vLLM 0.19's `vllm/engine/arg_utils.py`.
+Unknown flags are rejected the way argparse does for vLLM:
 `vllm: error: unrecognized arguments: --x`, exit status 2.
 """
 

@@ -8,7 +8,7 @@ driver's bundles first (vLLM 0.33's Ray executor), one Ray actor of class `RayWo
 node's disk in chunks, paced by `SPARK_LAB_LOAD_MBPS` (MB/s, default 200), and the HTTP server of
 `vllm_api.serve_api`. What is modelled: everything GPU (compile, KV cache, CUDA graphs).
 
-The log lines are vLLM 0.19.0's (facts/vllm-ray.md §1-§3): `LEVEL MM-DD HH:MM:SS [file.py:NN] msg`
+The log lines are vLLM 0.19.0's: `LEVEL MM-DD HH:MM:SS [file.py:NN] msg`
 on stdout; every line of this process carries `(APIServer pid=N) ` or `(EngineCore pid=N) ` as 0.19's
 `decorate_logs` does (the engine runs in this same process here, so both pids are this one's);
 worker lines arrive through Ray's own log forwarding as `(RayWorkerProc pid=W[, ip=X]) (Worker_TP1 pid=W) …`;

@@ -1,4 +1,4 @@
-"""docker (CLI and engine 29.2.1, spark-hosts.md §3.13) for the container runtime of a Spark.
+"""docker (CLI and engine 29.2.1) for the container runtime of a Spark.
 
 The lab is offline: images exist only as recorded in the state (the NGC vLLM image on every
 node, same id), and pulling fails as it does without a network. Containers share the node's

@@ -1,9 +1,9 @@
 """uname, lsmod, modinfo, modprobe, rmmod and reboot (kmod 31 / coreutils 9.4 / systemd 255 wording).
 
 The NVIDIA modules exist for a kernel only while `linux-modules-nvidia-580-open-<kver>` is
-installed (spark-hosts.md §1.1); their version is that package's driver build. The display
+installed; their version is that package's driver build. The display
 (Xorg, gnome-shell) holds nvidia_drm and nvidia_modeset, so they cannot be unloaded by hand:
-a userspace/kernel-module mismatch is only cured by a reboot, as on a real Spark (§1.5).
+a userspace/kernel-module mismatch is only cured by a reboot, as on a real Spark.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ MODULES: dict[str, dict[str, Any]] = {
     "rdma_ucm": {"size": 36864, "deps": ["rdma_cm", "ib_uverbs", "ib_core"], "file": f"{_IB}/core/rdma_ucm.ko.zst",
                  "desc": "RDMA Userspace Connection Manager Access"},
 }
-# lsmod lists holders in this order (that of spark-hosts.md §2)
+# lsmod lists holders in this order (that of a real Spark)
 _HOLDER_ORDER = ["rdma_cm", "iw_cm", "rdma_ucm", "ib_uverbs", "mlx5_ib", "ib_cm",
                  "nvidia_uvm", "nvidia_modeset", "nvidia_drm"]
 

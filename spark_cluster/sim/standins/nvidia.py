@@ -1,7 +1,7 @@
 """nvidia-smi as on a DGX Spark: GB10, unified memory ("Not Supported" / [N/A]), driver 580.
 
-Formats: spark-hosts.md §3.1 (table, verbatim), §3.2 (--query-gpu), §1.3 (failures and exit
-codes 9 and 18). The -q layout follows 580-series output (keys padded to column 42).
+Formats: a real Spark's table (verbatim), --query-gpu, and the failures with their exit
+codes 9 and 18. The -q layout follows 580-series output (keys padded to column 42).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def driver_error(state: dict[str, Any]) -> tuple[str, int] | None:
     if "nvidia" not in state["modules"]["loaded"] or not loaded:
         return NOT_LOADED, 9
     if state["driver"].get("flavour") == "proprietary":
-        # GB10 initialises only with the open modules: RmInitAdapter fails, no device (spark-hosts.md §1.1).
+        # GB10 initialises only with the open modules: RmInitAdapter fails, no device.
         return "No devices were found", 6
     if loaded != userspace:
         # NVML reports its own version as major.minor only (580.159 for 580.159.03).

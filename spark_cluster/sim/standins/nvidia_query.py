@@ -1,4 +1,4 @@
-"""`nvidia-smi -q` and `nvidia-smi topo -m` for a GB10 (spark-hosts.md §3.1, §3.14).
+"""`nvidia-smi -q` and `nvidia-smi topo -m` for a GB10.
 
 -q's layout is that of the 580 driver (keys padded to column 42, four spaces a level); the GB10
 values that differ from a discrete GPU: `Addressing Mode : ATS`, FB/BAR1 memory `N/A`, no power

@@ -1,4 +1,4 @@
-"""ibdev2netdev: the four ConnectX-7 RoCE devices and their netdevs (spark-hosts.md §3.7).
+"""ibdev2netdev: the four ConnectX-7 RoCE devices and their netdevs.
 
 Up/Down is read live from /sys/class/net/<if>/operstate: inside the node's network namespace
 that is the node's own interfaces, so a link the lab takes down reads Down.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from spark_cluster.sim.standins.common import Ctx, err, out
 
-# (RoCE device, PCI function, netdev), in the order ibdev2netdev prints them (§3.7, verbatim run)
+# (RoCE device, PCI function, netdev), in the order ibdev2netdev prints them (verbatim, from a real run)
 PORTS = (
     ("roceP2p1s0f0", "0002:01:00.0", "enP2p1s0f0np0"),
     ("roceP2p1s0f1", "0002:01:00.1", "enP2p1s0f1np1"),
