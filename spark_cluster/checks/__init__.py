@@ -53,6 +53,7 @@ def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[Fin
     """All findings: per node in inventory order, then across nodes."""
     findings: list[Finding] = []
     need = resources.model_bytes_per_node(inventory, facts)
+    util = resources.gpu_memory_utilization(inventory)  # renders the launch: once, not per node
     for spec in inventory.nodes:
         f = facts.get(spec.name)
         if f is None:
@@ -60,7 +61,7 @@ def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[Fin
         ctx = NodeContext(inventory, spec)
         for check in NODE_CHECKS:
             findings += _guarded(spec.name, check, f, ctx)
-        findings += _guarded(spec.name, resources.check_memory, f, ctx, need)
+        findings += _guarded(spec.name, resources.check_memory, f, ctx, need, util)
         findings += _guarded(spec.name, resources.check_disk, f, ctx, need)
     for cluster_check in CLUSTER_CHECKS:
         findings += _guarded("cluster", cluster_check, inventory, facts)

@@ -84,7 +84,9 @@ def _is_rank(args: str) -> bool:
     return "vllm" in lowered or "rayworker" in lowered
 
 
-def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator[Finding]:
+def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None,
+                 util: float | None) -> Iterator[Finding]:
+    """`util`: gpu_memory_utilization(ctx.inventory), the fraction vLLM asks of each node."""
     memory = facts.memory
     if memory is None:
         return
@@ -109,7 +111,6 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterat
                    f"ps: {ours[0].pid} {ours[0].args[:80]}", manual("`spark-cluster down` frees it"))
         return
     wanted = (need + HEADROOM) if need else None
-    util = gpu_memory_utilization(ctx.inventory)
     asked = int(util * memory.total) if util else None
     why = f"({gib(need or 0)} of weights + {gib(HEADROOM)} headroom)"
     if asked and (wanted is None or asked > wanted):
