@@ -68,15 +68,12 @@ class Forward:
 
 
 def _behind_jump(node) -> bool:  # noqa: ANN001 - a Node
-    from .ssh_config import SSHConfigError, route
+    from .ssh_config import route_or_plain
 
     host = getattr(node, "host", None)
     if host is None:  # not an SSH node (tests, this machine)
         return False
-    try:
-        return route(host).via is not None
-    except SSHConfigError:
-        return False
+    return route_or_plain(host).via is not None
 
 
 @contextmanager

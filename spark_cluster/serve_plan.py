@@ -409,12 +409,9 @@ def _weights(recipe: Recipe | None, world: int) -> float | None:
 
 def _real_host(address: str) -> str:
     """The host name ~/.ssh/config gives `address` (itself when it is no alias)."""
-    from .ssh_config import SSHConfigError, route
+    from .ssh_config import route_or_plain
 
-    try:
-        return route(address).hostname
-    except SSHConfigError:
-        return address
+    return route_or_plain(address).hostname
 
 
 def _url_host(address: str) -> str:

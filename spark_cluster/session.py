@@ -28,6 +28,11 @@ def session_of(pid_file: str) -> str:
     )
 
 
+def _until_gone(seconds: float) -> str:
+    """Shell that waits, `seconds` at most, until no process of session $sid is left."""
+    return f"for i in $(seq {int(seconds / 0.2)}); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
+
+
 def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
                          also_remove: tuple[str, ...] = ()) -> str:
     """Shell that TERMs, then KILLs, the session whose id is in `directory`/`pid_file`.
@@ -41,7 +46,6 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
     Exits 0 when none of the session is left (or there was none), 1 naming what is left.
     A pid recorded in another boot, or now naming another process, is never signalled.
     """
-    waits = int(grace_s / 0.2)
     removed = " ".join(f'"$d/{name}"' for name in (pid_file, *also_remove))
     recorded = session_of(f'"$d/{pid_file}"')
     return (
@@ -51,10 +55,10 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
         # The leader is the process whose pid is the session id (Linux reuses neither while the session lives).
         "if [ \"$(ps -o sid= -p \"$sid\" 2>/dev/null | tr -d ' ')\" = \"$sid\" ]; then kill -TERM \"$sid\"; "
         "else pkill -TERM -s \"$sid\"; fi 2>/dev/null; "
-        f"for i in $(seq {waits}); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
+        + _until_gone(grace_s) +
         # A KILLed process lingers until its parent or init reaps it: seconds on a loaded node.
         "pkill -KILL -s \"$sid\" 2>/dev/null; "
-        "for i in $(seq 25); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
+        + _until_gone(5.0) +
         "if pgrep -s \"$sid\" >/dev/null; then echo \"left: $(pgrep -s \"$sid\" | tr '\\n' ' ')\"; exit 1; fi; "
         f"rm -f {removed}"
     )

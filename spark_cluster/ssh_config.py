@@ -60,6 +60,15 @@ def _load() -> paramiko.SSHConfig:
     return config
 
 
+def route_or_plain(host: str) -> Route:
+    """route(host), or `host` reached directly where the configuration cannot be read: for
+    callers after the inventory's load, which reports an unreadable configuration itself."""
+    try:
+        return route(host)
+    except SSHConfigError:
+        return Route(alias=host, hostname=host)
+
+
 def route(host: str) -> Route:
     """The Route to `host` (an alias or a plain name) as the ssh configuration files say."""
     found = _load().lookup(host)
