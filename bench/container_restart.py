@@ -29,7 +29,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile-s", type=float, default=10.0, help="SPARK_LAB_COMPILE_S of the emulator")
     args = parser.parse_args()
-    from spark_cluster.sim import lab as simlab
+    from spark_cluster_lab import lab as simlab
 
     with tempfile.TemporaryDirectory() as tmp:
         inventory = Path(tmp) / "sim.yaml"

@@ -40,8 +40,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from spark_cluster.facts_probe import probes_for  # noqa: E402
-from spark_cluster.inventory import load_inventory  # noqa: E402
+from spark_cluster.core.facts_probe import probes_for  # noqa: E402
+from spark_cluster.core.inventory import load_inventory  # noqa: E402
 
 BASELINE = HERE / "baseline_preflight.sh"
 TARGET_SPEEDUP = 5.0  # baseline / check on 2 nodes: at least this
@@ -98,7 +98,7 @@ HZ = os.sysconf("SC_CLK_TCK")
 
 def sshd_pids() -> list[int]:
     """PID of each lab node's sshd (PID 1 of its PID namespace), in node order."""
-    from spark_cluster.sim.lab import load_lab
+    from spark_cluster_lab.lab import load_lab
 
     lab = load_lab()
     return [node.sshd_pid for node in lab.nodes] if lab else []

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from spark_cluster.sim import lab as simlab  # noqa: E402
+from spark_cluster_lab import lab as simlab  # noqa: E402
 
 TARGET = 2.0
 REPO_ID = "spark-lab/bench-2g"

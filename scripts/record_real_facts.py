@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spark_cluster.facts_probe import RUNNER, probes_for  # noqa: E402
-from spark_cluster.inventory import parse_inventory  # noqa: E402
+from spark_cluster.core.facts_probe import RUNNER, probes_for  # noqa: E402
+from spark_cluster.core.inventory import parse_inventory  # noqa: E402
 
 # A one-node inventory of this machine; its "rail" is whatever interface carries its route.
 INVENTORY = """\

@@ -1,3 +1,3 @@
-from .cli import main
+from spark_cluster.cli import main
 
 main()

@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster.sim.layout import NodePaths
-from spark_cluster.sim.state import healthy_state, render, save_state, write_wrappers
+from spark_cluster_lab.layout import NodePaths
+from spark_cluster_lab.state import healthy_state, render, save_state, write_wrappers
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class EmulatorProcess:
-    """`python -m spark_cluster.sim.vllm_emulator serve ARGS`, stdout and stderr to `out`."""
+    """`python -m spark_cluster_lab.vllm_emulator serve ARGS`, stdout and stderr to `out`."""
 
     def __init__(self, args: list[str], env: dict[str, str], out: Path) -> None:
         self.out = out
         with open(out, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "spark_cluster.sim.vllm_emulator", "serve", *args],
+            self.proc = subprocess.Popen([sys.executable, "-m", "spark_cluster_lab.vllm_emulator", "serve", *args],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                          start_new_session=True)
 

@@ -33,7 +33,7 @@ def on_node(inventory: Path, node: str, command: str) -> subprocess.CompletedPro
 def fresh_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A two-node lab for one test module (yields its inventory); afterwards what the module
     started is brought down with `down` and nothing of the lab is left."""
-    from spark_cluster.sim import lab as simlab
+    from spark_cluster_lab import lab as simlab
 
     inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
     simlab.down()

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from spark_cluster.bench import Level, Sample, parse_levels, parse_stream, run_level
+from spark_cluster.ops.bench import Level, Sample, parse_levels, parse_stream, run_level
 
 # A streamed chat completion as vLLM sends it with stream_options.include_usage (role chunk,
 # content chunks, the last with finish_reason, a usage chunk with no choices, [DONE]).

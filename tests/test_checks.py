@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from spark_cluster import checks
-from spark_cluster.checks import Finding, Severity, cluster, driver, resources, run_checks
-from spark_cluster.errors import ConnectError
-from spark_cluster.facts import GIB, KIB, NodeFacts, parse_facts
-from spark_cluster.facts_probe import probes_for
-from spark_cluster.inventory import Inventory, parse_inventory
-from spark_cluster.playbook import PLAYBOOK_DIR, PlaybookError, fill, load_playbook, playbooks, quote_param
-from spark_cluster.preflight import FactsUnavailable, Report, unreachable
-from spark_cluster.report_view import finding_dict, fix_commands, node_summary, report_dict
+from spark_cluster.core import checks
+from spark_cluster.core.checks import Finding, Severity, cluster, driver, resources, run_checks
+from spark_cluster.core.errors import ConnectError
+from spark_cluster.core.facts import GIB, KIB, NodeFacts, parse_facts
+from spark_cluster.core.facts_probe import probes_for
+from spark_cluster.core.inventory import Inventory, parse_inventory
+from spark_cluster.ops.playbook import PLAYBOOK_DIR, PlaybookError, fill, load_playbook, playbooks, quote_param
+from spark_cluster.ops.preflight import FactsUnavailable, Report, unreachable
+from spark_cluster.ui.report_view import finding_dict, fix_commands, node_summary, report_dict
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = REPO / "inventories" / "sim.yaml"
@@ -220,7 +220,7 @@ def healthy_raw(node: str, index: int) -> dict[str, Any]:
 
 
 def host_probes(kernel: str = KERNEL, driver_: str = DRIVER) -> dict[str, dict[str, Any]]:
-    """The driver/RDMA probes of a healthy Spark (spark_cluster/host_probes.py)."""
+    """The driver/RDMA probes of a healthy Spark (spark_cluster/core/host_probes.py)."""
     ko = f"/lib/modules/{kernel}/kernel/nvidia-580-open/nvidia.ko.zst"
     return {
         "kernel_log": probe(f"[    6.252567] NVRM: loading NVIDIA UNIX Open Kernel Module for aarch64  {driver_}  "
@@ -1049,7 +1049,7 @@ ID_LITERAL = re.compile(r'"((?:check|clock|disk|driver|facts|link|memory|model|o
 
 
 def test_all_ids_are_the_ids_in_the_code() -> None:
-    sources = list((REPO / "spark_cluster" / "checks").glob("*.py")) + [REPO / "spark_cluster" / "preflight.py"]
+    sources = list((REPO / "spark_cluster" / "core" / "checks").glob("*.py")) + [REPO / "spark_cluster" / "ops" / "preflight.py"]
     found = {m for path in sources for m in ID_LITERAL.findall(path.read_text())}
     assert found == ALL_IDS
 

@@ -7,7 +7,7 @@ from tests.test_checks import (
     ADAPTER_FAILED, DRIVER, KERNEL, NEW_DRIVER, NEW_KERNEL, blockers, dkms_kernel_update, findings_of,
     healthy_cluster, ids, lab_fault, only, set_probe,
 )
-from spark_cluster.report_view import fix_commands
+from spark_cluster.ui.report_view import fix_commands
 
 
 def test_hung_nvidia_smi_is_a_hang_and_blames_no_module() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from lab_cli import LAB_MARKS, cli, fresh_lab
 
-from spark_cluster.sim import lab as simlab
-from spark_cluster.sim.breakage import break_node, heal_node
+from spark_cluster_lab import lab as simlab
+from spark_cluster_lab.breakage import break_node, heal_node
 
 pytestmark = LAB_MARKS
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster.parsers.kernel_log import parse_kernel_log
-from spark_cluster.parsers.rdma import parse_rdma_link
-from spark_cluster.sim.module_files import lib_modules
-from spark_cluster.sim.state import locked_state
+from spark_cluster.core.parsers.kernel_log import parse_kernel_log
+from spark_cluster.core.parsers.rdma import parse_rdma_link
+from spark_cluster_lab.module_files import lib_modules
+from spark_cluster_lab.state import locked_state
 from tests.test_standins import Node, public_node  # noqa: F401 - a fixture
 
 

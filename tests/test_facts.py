@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.facts import (
+from spark_cluster.core.facts import (
     GIB, KIB, Disk, Gpu, Interface, Memory, NodeFacts, Package, Process, ProbeOutput,
     kernel_sort_key, parse_df, parse_facts, parse_gpu, parse_ibdev2netdev, parse_ip_addr,
     parse_kernel_modules, parse_lsmod, parse_meminfo, parse_model_files, parse_packages,

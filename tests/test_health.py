@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from spark_cluster import health, ui
-from spark_cluster.inventory import load_inventory
-from spark_cluster.remote import Fleet, Result
+from spark_cluster.ops import health
+
+from spark_cluster import ui
+from spark_cluster.core.inventory import load_inventory
+from spark_cluster.transport.remote import Fleet, Result
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = load_inventory(REPO / "inventories" / "sim.yaml")

@@ -7,7 +7,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.parsers import apt_log, dkms, driver_info, kernel_log, rdma
+from spark_cluster.core.parsers import apt_log, dkms, driver_info, kernel_log, rdma
 
 DATA = Path(__file__).parent / "data" / "host-outputs"
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_cluster.cli import main
-from spark_cluster.host_paste import diagnose_host_output, split_paste
+from spark_cluster.core.host_paste import diagnose_host_output, split_paste
 
 DATA = Path(__file__).parent / "data" / "host-outputs"
 

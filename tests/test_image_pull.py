@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster import image_pull
-from spark_cluster.image_pull import PullError, pull_missing
-from spark_cluster.remote import Fleet, LocalNode
+from spark_cluster.ops import image_pull
+from spark_cluster.ops.image_pull import PullError, pull_missing
+from spark_cluster.transport.remote import Fleet, LocalNode
 
 PULL = """#!/bin/sh
 echo "26.05-py3: Pulling from nvidia/vllm"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster.errors import UsageError
-from spark_cluster.inventory import (
+from spark_cluster.core.errors import UsageError
+from spark_cluster.core.inventory import (
     Inventory,
     InventoryError,
     Problem,

@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.inventory import Inventory, InventoryError, parse_inventory
+from spark_cluster.core.inventory import Inventory, InventoryError, parse_inventory
 
 LAB_TEXT = (Path(__file__).resolve().parents[1] / "inventories" / "lab.yaml").read_text()
 LAB_DATA: dict[str, Any] = yaml.safe_load(LAB_TEXT)

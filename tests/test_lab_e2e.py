@@ -17,14 +17,14 @@ import pytest
 from lab_cli import LAB_MARKS, REPO, cli
 
 from spark_cluster.cli import main
-from spark_cluster.errors import ConnectError, LabError
-from spark_cluster.inventory import load_inventory
-from spark_cluster.nodes import fleet_for
-from spark_cluster.remote import SSHNode
-from spark_cluster.sim import lab as simlab
-from spark_cluster.sim import netns
-from spark_cluster.sim.breakage import break_node, heal_node
-from spark_cluster.sim.layout import LAB_ROOT
+from spark_cluster.core.errors import ConnectError, LabError
+from spark_cluster.core.inventory import load_inventory
+from spark_cluster.ops.nodes import fleet_for
+from spark_cluster.transport.remote import SSHNode
+from spark_cluster_lab import lab as simlab
+from spark_cluster_lab import netns
+from spark_cluster_lab.breakage import break_node, heal_node
+from spark_cluster_lab.layout import LAB_ROOT
 
 pytestmark = LAB_MARKS
 

@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from spark_cluster.load_view import LoadView, clock
-from spark_cluster.progress import Tracker
-from spark_cluster.follow import Progress, _note, node_of
+from spark_cluster.ui.load_view import LoadView, clock
+from spark_cluster.core.progress import Tracker
+from spark_cluster.ops.follow import Progress, _note, node_of
 
 NODES = {"192.168.100.10": "spark-a", "192.168.100.11": "spark-b"}
 LOG = """\
@@ -190,7 +190,7 @@ def test_a_placement_group_wait_says_what_to_check_at_once_and_clears_once_creat
 
 
 def test_the_failed_node_is_the_evidence_line_s_when_a_rank_printed_it() -> None:
-    from spark_cluster.follow import _failed_node
+    from spark_cluster.ops.follow import _failed_node
 
     text = ["(EngineCore pid=5) (RayWorkerWrapper pid=9, ip=192.168.100.11) ERROR 11-22 03:10:11 "
             "[worker_base.py:631] Error executing method 'determine_available_memory'."]

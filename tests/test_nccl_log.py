@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spark_cluster.inventory import load_inventory
-from spark_cluster.linktest import _allgather_findings
-from spark_cluster.nccl_log import parse_nccl
+from spark_cluster.core.inventory import load_inventory
+from spark_cluster.ops.linktest import _allgather_findings
+from spark_cluster.core.nccl_log import parse_nccl
 
 DATA = Path(__file__).parent / "data" / "nccl"
 SIM = load_inventory(Path(__file__).parents[1] / "inventories" / "sim.yaml")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from lab_cli import LAB_MARKS, REBOOT_S, cli, on_node
 
-from spark_cluster.sim import lab as simlab
-from spark_cluster.sim.breakage import break_node, heal_node
-from spark_cluster.sim.layout import NodePaths
+from spark_cluster_lab import lab as simlab
+from spark_cluster_lab.breakage import break_node, heal_node
+from spark_cluster_lab.layout import NodePaths
 
 pytestmark = LAB_MARKS
 

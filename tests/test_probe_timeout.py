@@ -9,9 +9,9 @@ import time
 
 from test_checks import findings_of, healthy_cluster, ids, only, set_probe
 
-from spark_cluster.errors import CommandTimeout
-from spark_cluster.facts_probe import Probe, gather_command
-from spark_cluster.preflight import unreachable
+from spark_cluster.core.errors import CommandTimeout
+from spark_cluster.core.facts_probe import Probe, gather_command
+from spark_cluster.ops.preflight import unreachable
 
 
 def test_a_timed_out_probe_is_killed_with_its_children() -> None:

@@ -22,10 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster import health, ui
-from spark_cluster.inventory import InventoryError, load_inventory, parse_inventory
-from spark_cluster.ray_cluster import _STATE_QUERY, RayError, _describe, _start_host, bring_up, query_state
-from spark_cluster.ray_plan import (
+from spark_cluster.ops import health
+
+from spark_cluster import ui
+from spark_cluster.core.inventory import InventoryError, load_inventory, parse_inventory
+from spark_cluster.ops.ray_cluster import _STATE_QUERY, RayError, _describe, _start_host, bring_up, query_state
+from spark_cluster.core.ray_plan import (
     auth_warning,
     config_digest,
     docker_run,
@@ -34,9 +36,9 @@ from spark_cluster.ray_plan import (
     plan_mp,
     version_tuple,
 )
-from spark_cluster.remote import Fleet, Result
-from spark_cluster.serve import start_command
-from spark_cluster.serve_plan import serve_plan
+from spark_cluster.transport.remote import Fleet, Result
+from spark_cluster.ops.serve import start_command
+from spark_cluster.core.serve_plan import serve_plan
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_PATH = REPO / "inventories" / "sim.yaml"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
 
-from spark_cluster.sim import lab as simlab
+from spark_cluster_lab import lab as simlab
 
 pytestmark = LAB_MARKS
 

@@ -53,7 +53,7 @@ def test_the_api_key_reaches_no_ray_worker_and_no_state_file(lab: Path, tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ready: spark-lab/tiny-moe serves" in done.stdout
 
-    from spark_cluster.inventory import load_inventory
+    from spark_cluster.core.inventory import load_inventory
 
     inv = load_inventory(inventory)
     head = inv.head

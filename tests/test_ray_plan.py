@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from spark_cluster.inventory import load_inventory, parse_inventory
-from spark_cluster.ray_plan import (
+from spark_cluster.core.inventory import load_inventory, parse_inventory
+from spark_cluster.core.ray_plan import (
     PER_NODE_VARS,
     config_digest,
     docker_run,
@@ -102,7 +102,7 @@ def test_install_ray_installs_the_pinned_ray_in_the_container() -> None:
 def test_install_ray_must_be_a_boolean() -> None:
     import pytest
 
-    from spark_cluster.inventory import InventoryError
+    from spark_cluster.core.inventory import InventoryError
 
     text = (REPO / "inventories" / "lab.yaml").read_text()
     with pytest.raises(InventoryError) as bad:

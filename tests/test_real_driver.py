@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spark_cluster.facts import parse_facts
+from spark_cluster.core.facts import parse_facts
 
 FIXTURE = Path(__file__).parent / "data" / "real" / "h200-driver580-facts.json"
 
@@ -32,8 +32,8 @@ def test_real_driver_facts_parse() -> None:
 
 
 def test_checks_on_a_real_driver_find_no_driver_fault() -> None:
-    from spark_cluster.checks import run_checks
-    from spark_cluster.inventory import parse_inventory
+    from spark_cluster.core.checks import run_checks
+    from spark_cluster.core.inventory import parse_inventory
 
     inventory = parse_inventory(
         "cluster: {name: local, runtime: host}\n"

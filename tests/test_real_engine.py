@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spark_cluster.errors import LabError
-from spark_cluster.sim import checkpoint, engine
-from spark_cluster.sim.lab import render_inventory
+from spark_cluster.core.errors import LabError
+from spark_cluster_lab import checkpoint, engine
+from spark_cluster_lab.lab import render_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from lab_cli import LAB_MARKS, cli, on_node
 
-from spark_cluster.sim import engine
+from spark_cluster_lab import engine
 
 pytestmark = [*LAB_MARKS, pytest.mark.real_vllm,
               pytest.mark.skipif(engine.real_missing() is not None,
@@ -28,7 +28,7 @@ SERVE = "[v]llm.entrypoints.cli.main serve"
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory):
-    from spark_cluster.sim import lab as simlab
+    from spark_cluster_lab import lab as simlab
 
     inventory = tmp_path_factory.mktemp("lab") / "sim-real.yaml"
     simlab.down()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster.errors import SparkClusterError
-from spark_cluster.recipes import Recipe, RecipeError, load_recipe, load_recipe_file, parse_recipe, recipe_names
+from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.recipes import Recipe, RecipeError, load_recipe, load_recipe_file, parse_recipe, recipe_names
 
 SEED_003 = ("--tensor-parallel-size 2 --enable-expert-parallel --quantization gptq_marlin --kv-cache-dtype fp8 "
             "--gpu-memory-utilization 0.87 --attention-backend TRITON_ATTN")
@@ -150,4 +150,4 @@ def test_recipe_args_forms(tmp_path: Path) -> None:
 
 def test_recipe_files_ship_with_the_package() -> None:
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    assert '"recipes/*.yaml"' in pyproject
+    assert '"core/recipes/*.yaml"' in pyproject

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.errors import CommandTimeout, ConnectError
-from spark_cluster.remote import (
+from spark_cluster.core.errors import CommandTimeout, ConnectError
+from spark_cluster.transport.remote import (
     CommandFailed,
     Fleet,
     LocalNode,
@@ -22,7 +22,7 @@ from spark_cluster.remote import (
     sudo_line,
     with_env,
 )
-from spark_cluster.ssh_connect import UnknownHostKey, _translate, known_hosts_files
+from spark_cluster.transport.ssh_connect import UnknownHostKey, _translate, known_hosts_files
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from spark_cluster.playbook import PlannedStep
-from spark_cluster.remote import LocalNode
-from spark_cluster.repair import _run_step
+from spark_cluster.ops.playbook import PlannedStep
+from spark_cluster.transport.remote import LocalNode
+from spark_cluster.ops.repair import _run_step
 
 WAITING = ("Waiting for cache lock: Could not get lock /var/lib/dpkg/lock-frontend. "
            "It is held by process 4242 (unattended-upgr)...")

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.inventory import load_inventory
-from spark_cluster.ray_cluster import _describe, _start_host, config_diff
-from spark_cluster.ray_plan import config_digest, docker_run, plan, plan_mp
-from spark_cluster.secrets import container_file_lines, is_secret, source_and_remove, stdin_lines
-from spark_cluster.serve import secret_values, start_command
-from spark_cluster.serve_plan import launch_record, serve_plan
+from spark_cluster.core.inventory import load_inventory
+from spark_cluster.ops.ray_cluster import _describe, _start_host, config_diff
+from spark_cluster.core.ray_plan import config_digest, docker_run, plan, plan_mp
+from spark_cluster.core.secrets import container_file_lines, is_secret, source_and_remove, stdin_lines
+from spark_cluster.ops.serve import secret_values, start_command
+from spark_cluster.core.serve_plan import launch_record, serve_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = load_inventory(REPO / "inventories" / "lab.yaml")

@@ -9,9 +9,9 @@ from types import MappingProxyType
 
 import pytest
 
-from spark_cluster.remote import LocalNode
-from spark_cluster.serve import ServeError, secret_values, start_command
-from spark_cluster.serve_plan import NodeCommand
+from spark_cluster.transport.remote import LocalNode
+from spark_cluster.ops.serve import ServeError, secret_values, start_command
+from spark_cluster.core.serve_plan import NodeCommand
 
 KEY = "sk-test-0123456789abcdef"
 

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.inventory import Inventory, load_inventory
-from spark_cluster.ray_plan import node_env
-from spark_cluster.recipes import RecipeError
-from spark_cluster.serve import start_command
-from spark_cluster.serve_plan import ServePlanError, merge_args, parse_argv, serve_plan
+from spark_cluster.core.inventory import Inventory, load_inventory
+from spark_cluster.core.ray_plan import node_env
+from spark_cluster.core.recipes import RecipeError
+from spark_cluster.ops.serve import start_command
+from spark_cluster.core.serve_plan import ServePlanError, merge_args, parse_argv, serve_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = load_inventory(REPO / "inventories" / "lab.yaml")
@@ -258,7 +258,7 @@ def patched_env(**values: str) -> Iterator[None]:
 
 
 def test_the_launch_record_says_what_changed_and_holds_no_secret() -> None:
-    from spark_cluster.serve_plan import launch_diff, launch_record
+    from spark_cluster.core.serve_plan import launch_diff, launch_record
 
     before = launch_record(serve_plan(LAB, api_key_env="SPARK_API_KEY"))
     assert launch_diff(before, json.loads(json.dumps(before))) == []  # as read back from the node

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from spark_cluster.session import record_session, session_of, stop_session_command
+from spark_cluster.core.session import record_session, session_of, stop_session_command
 
 BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 

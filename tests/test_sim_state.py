@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster.sim.faults import FAULTS, apply_fault, heal, prune_faults
-from spark_cluster.sim.layout import NodePaths
-from spark_cluster.sim.state import (
+from spark_cluster_lab.faults import FAULTS, apply_fault, heal, prune_faults
+from spark_cluster_lab.layout import NodePaths
+from spark_cluster_lab.state import (
     MEM_TOTAL_KIB, TOOLS, VLLM_IMAGE, add_consumer, gone_consumers, healthy_state, installed_kernels,
     load_state, locked_state, module_driver, prune_gone_consumers, render, save_state, userspace_driver,
     write_etc, write_wrappers,
@@ -263,7 +263,7 @@ def test_consumers_of_ended_processes_are_gone_and_only_pruning_forgets_them(pat
 
 
 def test_the_nodes_init_frees_what_an_ended_process_held(paths: NodePaths) -> None:
-    from spark_cluster.sim.node_init import _free_ended
+    from spark_cluster_lab.node_init import _free_ended
 
     before = meminfo(paths)["MemAvailable"]
     ended = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from lab_cli import LAB_MARKS, REBOOT_S, cli, fresh_lab, on_node
 
-from spark_cluster.playbook import playbooks, plan
-from spark_cluster.remote import SSHNode
-from spark_cluster.repair import run_plans
-from spark_cluster.sim import lab as simlab
-from spark_cluster.sim.breakage import break_node, heal_node
+from spark_cluster.ops.playbook import playbooks, plan
+from spark_cluster.transport.remote import SSHNode
+from spark_cluster.ops.repair import run_plans
+from spark_cluster_lab import lab as simlab
+from spark_cluster_lab.breakage import break_node, heal_node
 
 pytestmark = LAB_MARKS
 

@@ -10,12 +10,12 @@ import paramiko
 import pytest
 from ssh_agent import PASSPHRASE, make_key, ssh_add, ssh_agent
 
-from spark_cluster import ssh_auth
-from spark_cluster.errors import ConnectError
-from spark_cluster.inventory import parse_inventory
-from spark_cluster.ssh_auth import KeyProblem, keys_for, public_blob
-from spark_cluster.ssh_config import route
-from spark_cluster.ssh_connect import UnknownHostKey, _hop, _translate, open_connection
+from spark_cluster.transport import ssh_auth
+from spark_cluster.core.errors import ConnectError
+from spark_cluster.core.inventory import parse_inventory
+from spark_cluster.transport.ssh_auth import KeyProblem, keys_for, public_blob
+from spark_cluster.transport.ssh_config import route
+from spark_cluster.transport.ssh_connect import UnknownHostKey, _hop, _translate, open_connection
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -212,7 +212,7 @@ def test_inventory_takes_user_and_port_from_ssh_config_unless_it_sets_them(home:
 
 def test_a_broken_ssh_config_is_one_line_at_the_node(home: Path) -> None:
     (home / ".ssh" / "config").write_text("Host x\n  Port\n")
-    from spark_cluster.inventory import InventoryError
+    from spark_cluster.core.inventory import InventoryError
     with pytest.raises(InventoryError) as caught:
         parse_inventory(_with_node_login(INVENTORY, "x", None, None), home / "i.yaml")
     assert f"{home}/.ssh/config" in str(caught.value)
@@ -285,8 +285,8 @@ def test_connection_refused_and_timeout_keep_their_hints() -> None:
 def _lan_plan(address: str):  # noqa: ANN202 - a ServePlan
     import dataclasses
 
-    from spark_cluster.inventory import load_inventory
-    from spark_cluster.serve_plan import serve_plan
+    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.core.serve_plan import serve_plan
 
     inv = load_inventory(REPO / "inventories" / "lab.yaml")
     head = dataclasses.replace(inv.head, address=address)
@@ -318,8 +318,8 @@ class _Head:
 
 
 def test_a_lan_endpoint_names_the_alias_real_host_and_is_tunnelled_behind_a_jump(home: Path) -> None:
-    from spark_cluster.reach import reach
-    from spark_cluster.remote import Fleet
+    from spark_cluster.ops.reach import reach
+    from spark_cluster.transport.remote import Fleet
 
     (home / ".ssh" / "config").write_text("Host head-direct\n  HostName 10.0.0.11\n"
                                           "Host head-jumped\n  HostName 10.0.0.21\n  ProxyJump bastion\n")
@@ -341,7 +341,7 @@ def test_a_lan_endpoint_names_the_alias_real_host_and_is_tunnelled_behind_a_jump
 
 
 def test_proxyjump_hops_open_in_order_each_through_the_last(home: Path, monkeypatch) -> None:
-    from spark_cluster import ssh_connect
+    from spark_cluster.transport import ssh_connect
 
     opened: list[tuple[str, str, str | None, int | None, object]] = []
 

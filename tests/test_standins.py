@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster.sim.faults import apply_fault
-from spark_cluster.sim.layout import NodePaths
-from spark_cluster.sim.state import (
+from spark_cluster_lab.faults import apply_fault
+from spark_cluster_lab.layout import NodePaths
+from spark_cluster_lab.state import (
     VLLM_IMAGE, add_consumer, healthy_state, load_state, locked_state, render, save_state, write_wrappers,
 )
 
@@ -568,7 +568,7 @@ def test_reboot_stops_containers(node: Node) -> None:
 
 
 def test_lab_teardown_kills_every_container_process(node: Node) -> None:
-    from spark_cluster.sim.standins.containers import kill_all
+    from spark_cluster_lab.standins.containers import kill_all
 
     node.out("docker", "run", "-d", "--name", "worker", VLLM_IMAGE, "sh", "-c", "sleep 23.456 & sleep 23.456")
     node.out("docker", "exec", "-d", "worker", "sleep", "23.456")

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.playbook import playbooks, plan
-from spark_cluster.remote import (
+from spark_cluster.ops.playbook import playbooks, plan
+from spark_cluster.transport.remote import (
     SSHNode, SudoPasswordRejected, SudoPasswordRequired, sudo_line, sudo_stdin,
 )
 

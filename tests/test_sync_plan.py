@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_cluster.errors import UsageError
-from spark_cluster.sync import CHUNK, SyncError, check_room, plan_sync, verify
+from spark_cluster.core.errors import UsageError
+from spark_cluster.ops.sync import CHUNK, SyncError, check_room, plan_sync, verify
 
 ROOT = "/root/.cache/huggingface/hub/models--org--m"
 

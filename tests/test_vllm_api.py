@@ -1,4 +1,4 @@
-"""The vLLM API double (spark_cluster.sim.vllm_api) over real HTTP on 127.0.0.1, ephemeral ports."""
+"""The vLLM API double (spark_cluster_lab.vllm_api) over real HTTP on 127.0.0.1, ephemeral ports."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from spark_cluster.sim.vllm_api import SEED_003_POINTS, TokenRate, VllmApiServer, filler_words, serve_api
+from spark_cluster_lab.vllm_api import SEED_003_POINTS, TokenRate, VllmApiServer, filler_words, serve_api
 
 MODEL = "Qwen/Qwen3-235B-A22B-GPTQ-Int4"
 FAST = TokenRate(scale=200.0)  # 17 tok/s -> 3400 tok/s: shape tests don't wait on the model
@@ -434,7 +434,7 @@ def test_ready_event_and_shutdown() -> None:
 def test_periodic_stats_line_as_vllm_logs_it_when_busy_only() -> None:
     import re
 
-    from spark_cluster.progress import parse_line
+    from spark_cluster.core.progress import parse_line
 
     lines: list[str] = []
     s = serve_api("127.0.0.1", 0, MODEL, rate=FAST, stats_log=lines.append, stats_interval=0.3)

@@ -267,9 +267,9 @@ def test_container_runtime_with_an_api_key_from_the_environment(lab, tmp_path: P
     assert not [p for p in local.rglob("*") if p.is_file() and key in p.read_text(errors="replace")]
     # Stopping vLLM alone (what watch's restart does) stops it inside the container, which
     # keeps running: the `docker exec` client forwards no signal to it.
-    from spark_cluster.inventory import load_inventory
-    from spark_cluster.serve import stop_command
-    from spark_cluster.serve_plan import serve_plan
+    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.serve import stop_command
+    from spark_cluster.core.serve_plan import serve_plan
 
     stop = stop_command(serve_plan(load_inventory(boxed)).head)
     assert cli("exec", str(boxed), "--node", "spark-a", "--", stop).returncode == 0

@@ -1,4 +1,4 @@
-"""The vLLM test double (`spark_cluster.sim.vllm_emulator`) against a local, single-machine Ray
+"""The vLLM test double (`spark_cluster_lab.vllm_emulator`) against a local, single-machine Ray
 started here (2 logical GPUs), with the lab's real safetensors checkpoint in an HF cache."""
 
 from __future__ import annotations
@@ -21,23 +21,23 @@ from pathlib import Path
 import pytest
 from emulator_proc import EmulatorProcess, scratch_node
 
-from spark_cluster.sim import checkpoint
-from spark_cluster.sim.layout import NodePaths
-from spark_cluster.sim.node_memory import (
+from spark_cluster_lab import checkpoint
+from spark_cluster_lab.layout import NodePaths
+from spark_cluster_lab.node_memory import (
     ENGINE_CORE,
     RAY_WORKER,
     NodeMemory,
     parse_bytes,
 )
-from spark_cluster.sim.standins.nvidia import gpu_processes
-from spark_cluster.sim.state import (
+from spark_cluster_lab.standins.nvidia import gpu_processes
+from spark_cluster_lab.state import (
     GIB_KIB,
     MEM_TOTAL_KIB,
     add_consumer,
     load_state,
     locked_state,
 )
-from spark_cluster.sim.vllm_emulator import (
+from spark_cluster_lab.vllm_emulator import (
     RayWorkerProc,
     api_keys,
     bar_line,
@@ -274,7 +274,7 @@ def _until(what, timeout: float = 20.0, every: float = 0.05):
 
 def _dead_pid() -> tuple[int, int | None]:
     """A process recorded while alive and then SIGKILLed: (pid, its recorded start)."""
-    from spark_cluster.sim.state import process_start
+    from spark_cluster_lab.state import process_start
     proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
     start = process_start(proc.pid)
     proc.kill()
@@ -399,7 +399,7 @@ def test_outside_a_lab_a_rank_records_nothing_and_loads(tmp_path: Path, hf_home:
 
 def test_a_rank_finds_its_node_by_the_stand_ins_bound_on_it(here: NodePaths, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from spark_cluster.sim import node_memory
+    from spark_cluster_lab import node_memory
     monkeypatch.setenv("SPARK_LAB_ROOT", str(tmp_path / "elsewhere"))  # the environment does not say
     assert node_memory.lab_node() is None
     monkeypatch.setattr(node_memory, "STANDINS", here.bin)  # the node binds its bin over /usr/local/sbin

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from emulator_proc import EmulatorProcess, scratch_node
 
-from spark_cluster.progress import track
-from spark_cluster.sim import checkpoint, vllm_args, vllm_mp
-from spark_cluster.sim.layout import NodePaths
-from spark_cluster.sim.state import (
+from spark_cluster.core.progress import track
+from spark_cluster_lab import checkpoint, vllm_args, vllm_mp
+from spark_cluster_lab.layout import NodePaths
+from spark_cluster_lab.state import (
     MEM_TOTAL_KIB,
     load_state,
 )

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster.inventory import Inventory, load_inventory
-from spark_cluster.recipes import load_recipe, recipe_names
-from spark_cluster.serve_plan import ServePlan, serve_plan
-from spark_cluster.sim.engine import REAL_VERSION, real_missing, real_python
+from spark_cluster.core.inventory import Inventory, load_inventory
+from spark_cluster.core.recipes import load_recipe, recipe_names
+from spark_cluster.core.serve_plan import ServePlan, serve_plan
+from spark_cluster_lab.engine import REAL_VERSION, real_missing, real_python
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = load_inventory(REPO / "inventories" / "lab.yaml")

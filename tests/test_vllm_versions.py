@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_cluster.diagnose import diagnose_log
-from spark_cluster.inventory import load_inventory, parse_inventory
-from spark_cluster.pipeline import plan_for_installed_vllm
-from spark_cluster.progress import track
-from spark_cluster.recipes import RecipeError, load_recipe, parse_recipe, recipe_names
-from spark_cluster.serve_plan import serve_plan
+from spark_cluster.core.diagnose import diagnose_log
+from spark_cluster.core.inventory import load_inventory, parse_inventory
+from spark_cluster.ops.pipeline import plan_for_installed_vllm
+from spark_cluster.core.progress import track
+from spark_cluster.core.recipes import RecipeError, load_recipe, parse_recipe, recipe_names
+from spark_cluster.core.serve_plan import serve_plan
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = load_inventory(REPO / "inventories" / "lab.yaml")
@@ -127,8 +127,8 @@ def _worker_on_other_ports(inv):  # type: ignore[no-untyped-def]
 def test_each_ray_worker_keeps_its_own_link_and_never_gets_a_secret(rule: str, tmp_path: Path) -> None:
     import json
 
-    from spark_cluster.ray_plan import node_env, non_carry_over_file
-    from spark_cluster.sim.vllm_worker import apply_driver_env, driver_env_vars, non_carry_over
+    from spark_cluster.core.ray_plan import node_env, non_carry_over_file
+    from spark_cluster_lab.vllm_worker import apply_driver_env, driver_env_vars, non_carry_over
 
     inv = _worker_on_other_ports(dataclasses.replace(LAB, model=dataclasses.replace(
         LAB.model, api_key_env="SPARK_API_KEY")))
@@ -156,7 +156,7 @@ def test_each_ray_worker_keeps_its_own_link_and_never_gets_a_secret(rule: str, t
 
 def test_the_emulator_takes_every_launch_real_vllm_takes() -> None:
     """What tests/test_vllm_parser.py proves real vLLM accepts, the lab's emulator accepts too."""
-    from spark_cluster.sim import vllm_args
+    from spark_cluster_lab import vllm_args
 
     for recipe in recipe_names():
         for executor in ("ray", "mp"):

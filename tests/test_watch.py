@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_cluster import serve, watch
-from spark_cluster.errors import ConnectError, SparkClusterError
-from spark_cluster.inventory import load_inventory
-from spark_cluster.lock import cluster_lock
-from spark_cluster.serve import rotate_command
+from spark_cluster.ops import serve, watch
+from spark_cluster.core.errors import ConnectError, SparkClusterError
+from spark_cluster.core.inventory import load_inventory
+from spark_cluster.ops.lock import cluster_lock
+from spark_cluster.ops.serve import rotate_command
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = load_inventory(REPO / "inventories" / "sim.yaml")

@@ -1,0 +1,91 @@
+"""The commands. They parse arguments, call the core, and hand results to ui; nothing else.
+
+Exit codes: 0 ok, 1 findings or failure, 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import click
+
+from spark_cluster import __version__, ui
+from spark_cluster.cli import diagnose, link, nodes, observe, preflight, serve
+from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.inventory import InventoryError
+
+DEBUG_LOG = Path("~/.spark-cluster/debug.log").expanduser()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="spark-cluster")
+@click.option("--debug", is_flag=True, help="Show full tracebacks of internal errors.")
+def cli(debug: bool) -> None:
+    """Turn DGX Sparks joined by their QSFP link into one vLLM server."""
+
+
+for command in (nodes.validate, nodes.exec_, preflight.check, preflight.fix, link.linktest, link.sync,
+                serve.up, serve.down, serve.logs, observe.status, observe.watch, observe.bench,
+                diagnose.diagnose):
+    cli.add_command(command)
+
+# Commands another installed package adds (the simulated lab adds `lab`). Named by entry point so
+# that this package imports none of them by name.
+for plugin in entry_points(group="spark_cluster.commands"):
+    try:
+        cli.add_command(plugin.load(), plugin.name)
+    except ImportError:  # installed without what it needs (the `lab` extra): the rest still works
+        continue
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run a command and turn every error into a message and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        code = cli.main(args=args, prog_name="spark-cluster", standalone_mode=False)
+    except click.exceptions.Abort:
+        ui.error("aborted")
+        code = 130
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    except InventoryError as exc:
+        for problem in exc.problems:
+            ui.err_console.print(str(problem), markup=False)
+        count = len(exc.problems)
+        ui.err_console.print(f"{count} problem{'s' * (count != 1)}; fix {'them' if count > 1 else 'it'} and run again",
+                             style="red")
+        code = exc.exit_code
+    except SparkClusterError as exc:
+        ui.error(str(exc))
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        ui.error("interrupted")
+        code = 130
+    except Exception:  # noqa: BLE001 - the last wall before a traceback reaches a user
+        if "--debug" in args or os.environ.get("SPARK_CLUSTER_DEBUG"):
+            raise
+        code = _internal_error()
+    sys.exit(code or 0)
+
+
+def _internal_error() -> int:
+    exc_type, exc, tb = sys.exc_info()
+    where = traceback.extract_tb(tb)[-1] if tb else None
+    try:
+        DEBUG_LOG.parent.mkdir(parents=True, exist_ok=True)
+        with DEBUG_LOG.open("a") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} spark-cluster {__version__}\n")
+            log.write(traceback.format_exc())
+        logged = f"full traceback in {DEBUG_LOG}"
+    except OSError:
+        logged = "run again with --debug for the traceback"
+    at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+    name = exc_type.__name__ if exc_type else "error"
+    ui.error(f"internal error{at}: {name}: {exc}\n  {logged}; please report it")
+    return 1

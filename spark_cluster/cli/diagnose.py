@@ -1,0 +1,103 @@
+"""diagnose: a saved vLLM log or pasted host outputs, read without a cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from spark_cluster import ui
+from spark_cluster.core.diagnose import STALLED_AFTER_S
+
+
+@click.command()
+@click.option("--log", "log_file", metavar="FILE", help="A vLLM server log (stdout+stderr).")
+@click.option("--host-output", "host_file", metavar="FILE",
+              help="Outputs of nvidia-smi, dmesg, dpkg -l, ... pasted from one host (docs/diagnose.md).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable conclusion (docs/diagnose.md).")
+@click.option("--stalled-after", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Also call a still-starting log dead when the file has not grown for this long "
+                   f"(for a log that is being written now; {STALLED_AFTER_S:.0f} s is what `up` uses). "
+                   "Without it the log is judged on its lines alone.")
+def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled_after: float | None) -> int:
+    """Read a vLLM log (--log), or a host's pasted command outputs (--host-output).
+
+    --log: ready, failed or still loading; phase, shards, load time, cause; exit 0 for ready or
+    loading, 1 for failed. A saved log is judged on its lines: its file's age says nothing about
+    the server. --host-output: the findings `check` would give on what the paste shows, and what
+    it does not show; exit 0 healthy, 1 a fault. Exit 2 when the file cannot be read.
+    """
+    from spark_cluster.core.diagnose import NEXT_STEP, diagnose_log
+    from spark_cluster.core.errors import UsageError
+
+    if (log_file is None) == (host_file is None):
+        raise UsageError("diagnose needs one of --log FILE (a vLLM log) or --host-output FILE (pasted "
+                         "command outputs of one host)\n  hint: spark-cluster diagnose --host-output paste.txt")
+    if host_file is not None:
+        return _diagnose_host(Path(host_file), as_json)
+    assert log_file is not None
+    path = Path(log_file)
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        idle = time.time() - path.stat().st_mtime if stalled_after is not None else None
+    except OSError as exc:
+        raise UsageError(f"cannot read the log {path}: {exc.strerror or exc}\n"
+                         f"  hint: pass the file vLLM writes to, e.g. `vllm serve ... 2>&1 | tee vllm.log`, "
+                         f"then `spark-cluster diagnose --log vllm.log`") from exc
+    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or STALLED_AFTER_S)
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+    else:
+        shards = (f"{data['shards_loaded']}/{data['shards_total']}" if data["shards_total"] else "-")
+        load = f"{data['load_seconds']:.1f} s" if data["load_seconds"] is not None else "-"
+        gib = ", ".join(f"{g:g} GiB" for g in data["weights_gib"]) or "-"
+        for label, value in (("outcome", data["outcome"]), ("phase", data["phase"] or "-"),
+                             ("shards", shards), ("load time", load), ("weights", gib),
+                             ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
+            ui.console.print(f"{label:>9}: {value}", markup=False)
+        if idle is not None and data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
+            ui.console.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
+                             f"so the server is taken for dead (inferred)", markup=False)
+        if data["cause"]:
+            ui.console.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
+    return 1 if data["outcome"] == "failed" else 0
+
+
+def _diagnose_host(path: Path, as_json: bool) -> int:
+    from spark_cluster.core.errors import UsageError
+    from spark_cluster.core.host_paste import diagnose_host_output
+
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}\n"
+                         "  hint: save what the host printed (nvidia-smi, dmesg | grep NVRM, dpkg -l | grep nvidia, "
+                         "...) into a file and pass it") from exc
+    data = diagnose_host_output(text)
+    if not data["recognised"]:
+        raise UsageError(f"{path}: no output of a known command found (nvidia-smi, /proc/driver/nvidia/version, "
+                         "uname, lsmod, modinfo, modprobe, dpkg -l, dkms status, dmesg/journalctl -k, apt history, "
+                         "ibstat, rdma link, ibdev2netdev)\n  hint: paste the commands' output as the host printed it")
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+        return 0 if data["ok"] else 1
+    shown = ", ".join(s["command"] or s["tool"] for s in data["recognised"])
+    ui.console.print(f"recognised: {shown}", markup=False)
+    for f in data["findings"]:
+        ui.console.print(f"{f['severity']:>8} {f['id']}: {f['message']}", markup=False)
+        if f["evidence"]:
+            ui.console.print(f"          evidence: {f['evidence']}", markup=False)
+        fix_ = f["fix"] or {}
+        for command in fix_.get("commands") or []:
+            ui.console.print(f"          run: {command}", markup=False)
+        if fix_.get("note"):
+            ui.console.print(f"          fix: {fix_['note']}", markup=False)
+    if not data["findings"]:
+        ui.console.print("no fault in what the paste shows", markup=False)
+    if data["unknown"]:
+        ui.console.print("unknown (not in the paste):", markup=False)
+        for item in data["unknown"]:
+            ui.console.print(f"  - {item}", markup=False)
+    return 0 if data["ok"] else 1

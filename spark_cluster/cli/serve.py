@@ -1,0 +1,137 @@
+"""up, down and logs: the cluster started, stopped, and its logs read."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+import click
+
+from spark_cluster import ui
+from spark_cluster.core.diagnose import STALLED_AFTER_S
+from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.inventory import load_inventory
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--until", type=click.Choice(["check", "ray", "vllm"]), default="vllm", show_default=True,
+              help="Stop after this stage.")
+@click.option("--restart", is_flag=True, help="Replace a running Ray cluster of another configuration.")
+@click.option("--dry-run", is_flag=True, help="Print the vLLM launch plan per node; start nothing.")
+@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
+              help="Seconds to wait for vLLM to serve.")
+@click.option("--stalled-after", default=STALLED_AFTER_S, show_default=True, metavar="SECONDS",
+              help="Stop following (vLLM keeps running) when its log has not grown for this long.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Stream events as JSON lines on stdout (the human view goes to stderr).")
+def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: float, stalled_after: float,
+       as_json: bool) -> int:
+    """Check every node, bring Ray up over the link, launch vLLM and follow it until it serves."""
+    from spark_cluster.core.serve_plan import serve_plan
+    from spark_cluster.ops.lock import cluster_lock
+    from spark_cluster.ops.nodes import fleet_for
+    from spark_cluster.ops.pipeline import Run
+    from spark_cluster.ops.pipeline import up as run_up
+    from spark_cluster.ui.up_view import UpView
+
+    inv = load_inventory(inventory)
+    plan = serve_plan(inv) if until == "vllm" or dry_run else None
+    if dry_run and plan is not None:
+        ui.console.out(plan.render())
+        return 0
+    if plan is not None:
+        from spark_cluster.ops.serve import secret_values
+
+        secret_values(plan.head)  # a key named but not set here: say so before anything starts
+        ui.plan_notes(plan)
+    else:  # no plan to carry it (`--until ray`): Ray's own warning still
+        from spark_cluster.core.ray_plan import auth_warning
+
+        if auth_warning(inv):
+            ui.warn(auth_warning(inv))
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), UpView(inv, as_json) as view:
+        run_up(Run(inv, fleet, plan, view, until=until, restart=restart, timeout_s=timeout_s,
+                   stalled_after=stalled_after))
+    return 0
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+def down(inventory: str) -> int:
+    """Stop vLLM, Ray and their containers on every node; verify that nothing of them is left."""
+    from spark_cluster.ops.lock import cluster_lock
+    from spark_cluster.ops.nodes import fleet_for
+    from spark_cluster.ops.ray_cluster import leftovers, tear_down
+
+    inv = load_inventory(inventory)
+    failed = False
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="down"):
+        if inv.model is not None:  # vLLM first: it is a client of Ray
+            from spark_cluster.core.serve_plan import serve_plan
+            from spark_cluster.ops.serve import stop as stop_vllm
+
+            for name, outcome in stop_vllm(fleet, serve_plan(inv)).items():
+                if isinstance(outcome, Exception):
+                    ui.console.print(f"{name}: vLLM not stopped: {str(outcome).splitlines()[0]}")
+        stopped = tear_down(inv, fleet)
+        left = fleet.map(lambda node: leftovers(inv, node))
+    for name in stopped:
+        outcome, remains = stopped[name], left[name]
+        if isinstance(outcome, Exception) or isinstance(remains, Exception):
+            error = outcome if isinstance(outcome, Exception) else remains
+            ui.console.print(f"{name}: not cleaned: {str(error).splitlines()[0]}")
+            failed = True
+        elif remains:
+            ui.console.print(f"{name}: still there: {', '.join(remains)}")
+            failed = True
+        else:
+            ui.console.print(f"{name}: stopped; no process, container or port of the cluster left")
+    return 1 if failed else 0
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--node", "node_name", metavar="NAME", help="This node's log (default: the head's vLLM log).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
+@click.option("-n", "--lines", default=50, show_default=True, help="How many last lines first.")
+def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int:
+    """The head's vLLM log (a worker's: its Ray log, or its vLLM log with executor mp), as `tail [-f]`."""
+    from spark_cluster.core.facts_probe import remote_path
+    from spark_cluster.core.ray_plan import state_dir
+    from spark_cluster.ops.nodes import fleet_for
+
+    inv = load_inventory(inventory)
+    spec = inv.node(node_name) if node_name else inv.head
+    directory = state_dir(inv.cluster.name)
+    vllm_here = inv.model is not None and (spec.is_head or inv.cluster.executor == "mp")
+    path = remote_path(f"{directory}/{'vllm.log' if vllm_here else 'ray.log'}")
+    if not vllm_here and inv.cluster.runtime == "container":
+        # Ray runs as the container's command: its output is the container's log.
+        from spark_cluster.core.ray_plan import container_name
+
+        path = f"the log of container {container_name(inv)}"
+        source = f"docker logs {shlex.quote(container_name(inv))} 2>&1"
+    else:
+        source = f"cat {path}"
+    with fleet_for(inv, only=spec.name) as fleet:
+        node = fleet.node(spec.name)
+        first = node.run(f"out=$({source}) || exit 1; printf '%s\\n' \"$out\" | tail -n {int(lines)}; "
+                         f"printf '%s\\n' \"$out\" | wc -l", timeout=30)
+        if not first.ok:
+            raise SparkClusterError(f"{spec.name}: no log at {path}: {first.tail('stderr', 1)}\n"
+                                    "  hint: has `up` run on this cluster?")
+        *shown, count = first.stdout.rstrip("\n").split("\n")
+        ui.console.out("\n".join(shown), highlight=False)
+        done = int(count) if count.strip().isdigit() else 0
+        try:
+            while follow:
+                time.sleep(1.0)
+                more = node.run(f"{source} | tail -n +{done + 1}", timeout=30).stdout
+                complete, _, _ = more.rpartition("\n")
+                if complete:
+                    ui.console.out(complete, highlight=False)
+                    done += complete.count("\n") + 1
+        except KeyboardInterrupt:
+            pass
+    return 0

@@ -1,0 +1,355 @@
+"""The NVIDIA driver: does it answer, and when not, exactly why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import re
+
+from spark_cluster.core.driver_view import DriverView, answered, driver_view, failure_reason, needs_open_modules, probe_status
+from spark_cluster.core.parsers.apt_log import is_driver_package
+from spark_cluster.core.parsers.driver_info import same_version
+from spark_cluster.core.parsers.kernel_log import XID_MEANING, KernelLog
+from spark_cluster.core.checks.base import Finding, Fix, NodeContext, NodeFacts, blocker, fix, info, manual, warning
+
+GPU_MODULES = ("nvidia", "nvidia_uvm")  # CUDA needs both; modeset/drm only serve the display
+RDMA_MODULES = ("mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs", "rdma_ucm")
+HWE_META = "linux-modules-nvidia-{branch}-open-nvidia-hwe-24.04"
+
+
+def module_package(branch: str, kernel: str) -> str:
+    return f"linux-modules-nvidia-{branch}-open-{kernel}"
+
+
+def _has_modules(facts: NodeFacts, kernel: str) -> bool:
+    # modinfo looks at the files (dpkg can say `ii` with the .ko gone); dpkg only when
+    # modinfo did not answer for this kernel.
+    if kernel in facts.nvidia_ko:
+        return facts.nvidia_ko[kernel] is not None
+    pkg = facts.packages.get(module_package(facts.driver_branch, kernel))
+    return bool(pkg and pkg.installed)
+
+
+def repair_packages(facts: NodeFacts, kernel: str) -> str:
+    """The module package for `kernel`, plus the hwe meta where the node has it (keeps the
+    modules in step with the next kernel update)."""
+    branch = facts.driver_branch
+    packages = [module_package(branch, kernel)]
+    meta = HWE_META.format(branch=branch)
+    if meta in facts.packages:
+        packages.append(meta)
+    return " ".join(packages)
+
+
+def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
+    smi = facts.probe("nvidia_smi")
+    node = facts.node
+    kernel = facts.kernel
+    status = probe_status(facts, "nvidia_smi")
+    if status == "timed out":
+        yield blocker(
+            "driver.nvidia-smi-hung", node,
+            f"nvidia-smi hung on {node}: it did not answer ({failure_reason(smi)}); the driver is stuck, "
+            "so no module is blamed and the GPU cannot be used until it answers",
+            f"nvidia-smi: {failure_reason(smi)}" + _log_evidence(driver_view(facts)),
+            fix("reboot", note="a stuck driver clears with a reboot (fix --reboot); if nvidia-smi hangs "
+                               "again, look for Xid lines: sudo journalctl -k -b | grep -E 'NVRM|Xid'"))
+        return
+    view = driver_view(facts)
+    mismatch = _mismatch(facts, view)
+    if status == "ok" and smi.ok:
+        # An empty module list means lsmod did not answer (no kmod); nvidia-smi answering
+        # proves the driver is loaded, so only a listing that lacks a module is evidence.
+        missing = [m for m in GPU_MODULES if m not in facts.modules]
+        if missing and facts.modules and answered(facts, "lsmod"):
+            yield _not_loaded(facts, missing)
+        return
+    text = smi.out + smi.err
+    evidence = f"nvidia-smi (exit {smi.rc}): {smi.first_line}" if status == "ok" else ""
+    if mismatch is not None or smi.rc == 18 or "version mismatch" in text:
+        yield mismatch or _mismatch_finding(facts, view, evidence)
+        return
+    if status != "ok" and not _module_evidence(facts, view):
+        return  # nvidia-smi unknown and nothing else shows the driver failing: unknown, not a fault
+    log = view.log
+    adapter = log.adapter_failures[0] if log and log.adapter_failures else None
+    loaded = "nvidia" in facts.modules or view.loaded_version is not None or adapter is not None
+    flavour = view.loaded_flavour if loaded else view.disk_flavour
+    if (adapter or "No devices were found" in text or (loaded and status == "ok")) \
+            and flavour == "proprietary" and needs_open_modules(facts):
+        yield _proprietary(facts, view, adapter or evidence)
+        return
+    if adapter:
+        torn = any(x.code == 119 for x in log.xids) or any("GSP_INIT_DONE" in e for e in log.errors)
+        yield blocker(
+            "driver.adapter-init-failed", node,
+            "the NVIDIA driver could not initialise the GPU since boot (RmInitAdapter failed)"
+            + (": a GSP firmware timeout, on a Spark a driver newer than the OTA firmware (a torn update)"
+               if torn else ""),
+            "; ".join(filter(None, [f"kernel log: {adapter}", evidence])),
+            manual("run the DGX Dashboard update again (it applies the paired firmware), or pin the driver "
+                   "that matches the OTA: sudo apt install nvidia-driver-580-open=<version of the OTA>; "
+                   "sudo apt-mark hold nvidia-driver-580-open; `nvidia-spark-ota-check summary` shows the pair"
+                   if torn else "read the NVRM lines around it: sudo journalctl -k -b | grep NVRM; "
+                   "a reboot retries; firmware and driver must belong together"))
+        return
+    if "No devices were found" in text:
+        yield blocker(
+            "driver.no-device", node,
+            "the driver is loaded but found no GPU: usually a driver newer than the firmware "
+            "(a torn OTA update)" + ("" if log is not None else "; the kernel log could not be read"),
+            evidence, manual("run the DGX Dashboard update again (it applies the paired firmware), "
+                             "or pin the driver that matches the OTA"))
+        return
+    if "nvidia" in facts.modules:
+        yield blocker("driver.not-responding", node,
+                      "the nvidia module is loaded but nvidia-smi cannot talk to it",
+                      evidence + _log_evidence(view),
+                      manual("check `sudo journalctl -k -b | grep -i nvrm`; a reboot usually clears it"))
+        return
+    if not kernel or not (answered(facts, "kernel_modules") or facts.packages or view.module_paths):
+        # nvidia-smi shows the fault; which kernel runs, or what is installed for it, is unknown.
+        yield blocker(
+            "driver.unreachable", node,
+            "nvidia-smi cannot reach the NVIDIA driver, and why is unknown: the running kernel or what is "
+            "installed for it could not be read",
+            evidence, manual("show `uname -r`, `lsmod | grep nvidia`, `modinfo nvidia`, `dpkg -l | grep nvidia` "
+                             "and `sudo dmesg | grep NVRM` of the node (`spark-cluster diagnose --host-output` "
+                             "reads them)"))
+        return
+    if not _has_modules(facts, kernel):
+        yield _modules_missing(facts, view, evidence)
+        return
+    dkms_pkg = any(name.startswith("nvidia-dkms") and p.installed for name, p in facts.packages.items())
+    rejected = any("Key was rejected" in e for e in (log.errors if log else ()))
+    if (dkms_pkg and facts.secure_boot) or rejected:
+        yield blocker(
+            "driver.secure-boot-rejected", node,
+            "the modules come from DKMS and Secure Boot is on: the kernel refuses a module signed "
+            "with an unenrolled key ('Key was rejected by service')",
+            "; ".join(filter(None, [evidence, "nvidia-dkms installed, mokutil: SecureBoot enabled"
+                                    if dkms_pkg and facts.secure_boot else "", _log_line(log, "Key was rejected")])),
+            manual("use Canonical's signed prebuilt modules: sudo dpkg --purge --force-depends "
+                   f"nvidia-dkms-{facts.driver_branch}-open; sudo apt-get install -y "
+                   f"{repair_packages(facts, kernel)}"))
+        return
+    if status != "ok" and not answered(facts, "lsmod"):
+        return
+    yield _not_loaded(facts, [m for m in GPU_MODULES if m not in facts.modules] or ["nvidia"],
+                      evidence)
+
+
+def _module_evidence(facts: NodeFacts, view: DriverView) -> bool:
+    """Without nvidia-smi: does anything else show the GPU driver failing?"""
+    log = view.log
+    return bool(log and (log.adapter_failures or log.api_mismatch)) or (
+        answered(facts, "lsmod") and "nvidia" not in facts.modules)
+
+
+def _log_line(log: KernelLog | None, needle: str) -> str:
+    for line in (log.errors + log.adapter_failures) if log else ():
+        if needle in line:
+            return f"kernel log: {line}"
+    return ""
+
+
+def _log_evidence(view: DriverView) -> str:
+    log = view.log
+    if log is None:
+        return ""
+    first = (log.adapter_failures + tuple(x.line for x in log.xids) + log.errors)[:1]
+    return f"; kernel log: {first[0]}" if first else ""
+
+
+def _proprietary(facts: NodeFacts, view: DriverView, evidence: str) -> Finding:
+    branch = facts.driver_branch
+    kernel = facts.kernel
+    method = view.install_method
+    if method == "dkms":
+        note = (f"replace the DKMS package with the open one: sudo apt install nvidia-dkms-{branch}-open "
+                "(it removes the proprietary nvidia-dkms), then reboot")
+        the_fix: Fix = manual(note)
+    elif method == "run":
+        the_fix = manual("the module came from NVIDIA's .run installer: run it again with the open modules, "
+                         "sudo sh NVIDIA-Linux-aarch64-<version>.run --kernel-module-type=open, then reboot; "
+                         "`fix` cannot: which installer file was used is not on record")
+    elif not facts.kernel:
+        the_fix = manual(f"install the open modules for the running kernel and remove the proprietary ones: "
+                         f"sudo apt install linux-modules-nvidia-{branch}-open-$(uname -r); sudo apt remove "
+                         f"linux-modules-nvidia-{branch}-$(uname -r); then reboot")
+    else:
+        closed = " ".join(sorted(n for n, p in facts.packages.items() if p.installed
+                                 and re.fullmatch(rf"linux-modules-nvidia-{branch}-{re.escape(kernel)}", n)))
+        the_fix = fix("driver-open-modules", note="reboot to load them (fix --reboot)",
+                      packages=module_package(branch, kernel),
+                      remove=closed or f"linux-modules-nvidia-{branch}-{kernel}")
+    return blocker(
+        "driver.proprietary-modules", facts.node,
+        "the proprietary NVIDIA kernel modules are loaded or installed, and GB10 (Blackwell) works only "
+        "with the open ones: the GPU fails to initialise (RmInitAdapter failed)",
+        f"{evidence}; module flavour: proprietary"
+        + (" (/proc/driver/nvidia/version or the kernel log)" if view.loaded_flavour == "proprietary"
+           else " (modinfo, module path or packages)"),
+        the_fix)
+
+
+def _upgrade_trace(view: DriverView, version: str | None) -> str:
+    """The package run that brought the userspace driver to `version`, from apt's history."""
+    if not version:
+        return ""
+    for run in reversed(view.apt_runs or ()):
+        for name, (_, new) in run.upgraded.items():
+            if is_driver_package(name) and new.split(":")[-1].startswith(version):
+                who = "unattended-upgrades" if run.unattended else (run.commandline or "apt")
+                return f"{who} upgraded {name} to {new} at {run.start.split()[0]} {run.start.split()[-1]}"
+    for stamp, names in reversed(view.unattended or ()):
+        hit = [n for n in names if is_driver_package(n)]
+        if hit:
+            return f"unattended-upgrades upgraded {', '.join(hit)} at {stamp}"
+    return ""
+
+
+def _mismatch(facts: NodeFacts, view: DriverView) -> Finding | None:
+    """Loaded module and userspace driver compared by their versions, not only by nvidia-smi's word."""
+    if view.loaded_version and view.userspace and not same_version(view.loaded_version, view.userspace[1]):
+        smi = facts.probe("nvidia_smi")
+        evidence = f"nvidia-smi (exit {smi.rc}): {smi.first_line}" if answered(facts, "nvidia_smi") and not smi.ok else ""
+        return _mismatch_finding(facts, view, evidence)
+    return None
+
+
+def _mismatch_finding(facts: NodeFacts, view: DriverView, evidence: str) -> Finding:
+    loaded = view.loaded_version or facts.loaded_driver or "unknown"
+    installed = view.userspace[1] if view.userspace else (facts.userspace_driver or "unknown")
+    trace = _upgrade_trace(view, installed if installed != "unknown" else None)
+    driver_pkgs = sorted(n for n, p in facts.packages.items() if p.installed and is_driver_package(n)
+                         and not n.startswith("linux-modules-nvidia-") and re.search(r"-[0-9]+(-open)?$", n))
+    held = view.holds is not None and any(n in view.holds for n in driver_pkgs)
+    prevent = ""
+    if view.holds is not None and not held:
+        names = " ".join(driver_pkgs) or f"nvidia-driver-{facts.driver_branch}-open"
+        prevent = (f"; to stop it recurring: sudo apt-mark hold {names}, and/or add \"nvidia-\"; \"libnvidia-\"; "
+                   "to Unattended-Upgrade::Package-Blacklist in /etc/apt/apt.conf.d/50unattended-upgrades")
+    parts = [evidence,
+             ", ".join(filter(None, [f"loaded module {loaded}" if loaded != "unknown" else "",
+                                     f"{view.userspace[0]} {installed}" if view.userspace else ""])),
+             f"apt history: {trace}" if trace else "",
+             f"kernel log: {view.log.api_mismatch.line}" if view.log and view.log.api_mismatch else ""]
+    module = "the loaded NVIDIA module" + (f" ({loaded})" if loaded != "unknown" else "")
+    return blocker(
+        "driver.version-mismatch", facts.node,
+        f"{module} is not the installed driver ({installed}): the driver was "
+        "upgraded while the machine ran" + (f" ({trace})" if trace else "")
+        + "; only a reboot loads the new module",
+        "; ".join(p for p in parts if p),
+        fix("reboot", note="reboot the node (fix --reboot)" + prevent))
+
+
+def _modules_missing(facts: NodeFacts, view: DriverView, evidence: str) -> Finding:
+    kernel = facts.kernel
+    node = facts.node
+    pkg = module_package(facts.driver_branch, kernel)
+    others = sorted(k for k, v in facts.nvidia_ko.items() if v and k != kernel)
+    also = f"; kernels that have them: {', '.join(others)}" if others else ""
+    method = view.install_method
+    if method == "dkms":
+        headers = f"linux-headers-{kernel}"
+        why = ("DKMS did not build it" + ("" if view.headers is not False else f": {headers} is not installed"))
+        return blocker(
+            "driver.modules-missing", node,
+            f"no NVIDIA kernel module for the running kernel {kernel}: the module comes from DKMS and {why}{also}",
+            "; ".join(filter(None, [evidence, "dkms status: " + (", ".join(
+                f"{r.module}/{r.version} {r.kernel or ''}: {r.status}" for r in view.dkms_nvidia) or "no nvidia"),
+                f"headers for {kernel}: " + {True: "present", False: "absent", None: "unknown"}[view.headers]])),
+            fix("dkms-rebuild", kernel=kernel, headers=headers))
+    if method == "run":
+        return blocker(
+            "driver.modules-missing", node,
+            f"no NVIDIA kernel module for the running kernel {kernel}: it came from NVIDIA's .run installer, "
+            f"which built it for one kernel only and left no DKMS to rebuild it{also}",
+            "; ".join(filter(None, [evidence, "nvidia.ko: " + (", ".join(view.module_paths) or "none"),
+                                    "/usr/bin/nvidia-uninstall present"])),
+            manual(f"run the installer again for this kernel with DKMS, so later kernels get the module too: "
+                   f"sudo apt install linux-headers-{kernel} dkms; sudo sh NVIDIA-Linux-aarch64-<version>.run "
+                   "--dkms --kernel-module-type=open; or move to Ubuntu's packages (nvidia-uninstall, then "
+                   f"sudo apt install nvidia-driver-{facts.driver_branch}-open {pkg}). `fix` cannot do it: "
+                   "which installer file was used is not on record"))
+    return blocker(
+        "driver.modules-missing", node,
+        f"no NVIDIA kernel modules for the running kernel {kernel}: {pkg} is not installed "
+        f"(a kernel update without its module package){also}",
+        f"{evidence}; dpkg: {pkg} not installed" if evidence else f"dpkg: {pkg} not installed",
+        fix("driver-repair", packages=repair_packages(facts, kernel)))
+
+
+def _not_loaded(facts: NodeFacts, missing: list[str], evidence: str = "") -> Finding:
+    names = ", ".join(missing)
+    return blocker(
+        "driver.module-not-loaded", facts.node,
+        f"kernel module{'s' * (len(missing) > 1)} {names} not loaded (modules are installed)",
+        evidence or f"lsmod: no {names}",
+        fix("load-modules", modules=" ".join(missing)))
+
+
+def check_next_boot(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
+    nxt = facts.next_boot_kernel
+    if nxt and nxt != facts.kernel and not _has_modules(facts, nxt):
+        pkg = module_package(facts.driver_branch, nxt)
+        yield warning(
+            "driver.next-boot-modules-missing", facts.node,
+            f"the next boot starts kernel {nxt}, which has no NVIDIA modules: the GPU will be gone "
+            "after a reboot", f"dpkg: {pkg} not installed; modinfo -k {nxt} nvidia: not found",
+            fix("driver-repair", packages=repair_packages(facts, nxt)))
+
+
+def check_rdma_modules(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
+    if not facts.modules or not answered(facts, "lsmod") or "lsmod_filtered" in facts.probes:
+        return  # lsmod did not answer; the driver check says what is wrong
+    missing = [m for m in RDMA_MODULES if m not in facts.modules]
+    if missing:
+        yield warning(
+            "rdma.module-not-loaded", facts.node,
+            f"RoCE modules not loaded: {', '.join(missing)}; NCCL falls back to TCP sockets "
+            "(a fraction of the link's bandwidth)",
+            f"lsmod: no {', '.join(missing)}", fix("load-modules", modules=" ".join(missing)))
+
+
+# The probes the driver and RDMA checks read: when one failed, what it would have shown is unknown.
+WATCHED = ("nvidia_smi", "uname", "lsmod", "packages", "kernel_modules", "proc_driver", "kernel_log",
+           "modinfo_nvidia", "nvidia_files", "dkms", "headers", "apt_history", "holds", "rdma_link",
+           "ibdev2netdev")
+
+
+def check_probes(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
+    """A probe that failed or timed out is unknown, never evidence of a fault (a hung nvidia-smi is
+    check_driver's)."""
+    for name in WATCHED:
+        status = probe_status(facts, name)
+        if status in ("failed", "timed out") and not (name == "nvidia_smi" and status == "timed out"):
+            probe = facts.probe(name)
+            yield info("probe.failed", facts.node,
+                          f"unknown: probe {name} failed on {facts.node} ({failure_reason(probe)})",
+                          f"{name}: exit {probe.rc}",
+                          manual("what it would show is unknown; run it by hand on the node "
+                                 "(`spark-cluster exec INVENTORY --node NODE -- ...`) to see why"))
+
+
+def check_kernel_log(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
+    """Xid events since boot: the driver reported a GPU error (the driver check names a failed init)."""
+    log = driver_view(facts).log
+    lost = [e for e in (log.errors if log else ()) if "fallen off the bus" in e]
+    if log is None or not (log.xids or lost):
+        return
+    # "fallen off the bus" without an Xid line is Xid 79 all the same (newer drivers print only the text).
+    codes = sorted({x.code for x in log.xids} | ({79} if lost else set()))
+    events = len(log.xids) or len(lost)
+    last = log.xids[-1].line if log.xids else lost[-1]
+    meaning = "; ".join(f"Xid {c}: {XID_MEANING[c]}" for c in codes if c in XID_MEANING)
+    yield warning(
+        "driver.xid", facts.node,
+        f"the kernel log shows {events} Xid event{'s' * (events > 1)} since boot "
+        f"(code{'s' * (len(codes) > 1)} {', '.join(map(str, codes))})" + (f": {meaning}" if meaning else ""),
+        f"kernel log: {last}",
+        manual("sudo journalctl -k -b | grep -E 'NVRM|Xid' shows them in order; application Xids (13, 31, 43) "
+               "clear when the process ends, the others usually need a reboot, repeated ones the hardware "
+               "checked"))

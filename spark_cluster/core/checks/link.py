@@ -1,0 +1,118 @@
+"""The QSFP rails: up, addressed as the inventory says, one MTU at both ends, jumbo pings pass.
+
+A rail has two (or more) ends, so these checks look at all nodes at once: a cable pulled
+on one side shows as no carrier on the other, and that end is not the one to blame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from spark_cluster.core.facts import NodeFacts
+from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.checks.base import Finding, blocker, fix, manual, warning
+from spark_cluster.core.checks.rdma_ports import ports_with_link
+
+
+def check_links(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
+    mtu = inventory.head.link.mtu
+    explained: set[tuple[str, int]] = set()  # (node, rail) whose ping failures are accounted for
+    for r in range(len(inventory.head.link.rails)):
+        ends = [(spec, facts[spec.name]) for spec in inventory.nodes
+                if spec.name in facts and r < len(spec.link.rails)]
+        admin_down = {spec.name for spec, f in ends
+                      if (i := f.interfaces.get(spec.link.rails[r].interface)) and not i.admin_up}
+        for spec, f in ends:
+            rail = spec.link.rails[r]
+            interface = f.interfaces.get(rail.interface)
+            key = (spec.name, r)
+            if interface is None:
+                explained.add(key)
+                listed = ", ".join(sorted(f.interfaces)) or "none"
+                yield blocker(
+                    "link.interface-missing", spec.name,
+                    f"{rail.interface} does not exist on {spec.name}",
+                    f"ip addr: interfaces {listed}",
+                    manual("check `interface:` in the inventory against `ibdev2netdev` on the node"))
+                continue
+            if not interface.admin_up:
+                explained.update((n, r) for n in facts)
+                yield blocker(
+                    "link.down", spec.name,
+                    f"{rail.interface} is administratively down on {spec.name}",
+                    f"ip link: {rail.interface} state {interface.operstate}, no UP flag",
+                    fix("link-up", interface=rail.interface))
+                continue
+            if not interface.carrier:
+                explained.add(key)
+                if admin_down - {spec.name}:
+                    continue  # its peer is switched off: that end carries the finding
+                other = ports_with_link(f, (r.interface for r in spec.link.rails))
+                if other:
+                    netdev, hca = other[0]
+                    yield blocker(
+                        "link.wrong-port", spec.name,
+                        f"{rail.interface} has no link on {spec.name}, but {netdev} ({hca}) has: the cable "
+                        "is in the other QSFP port, or the inventory names the wrong one",
+                        f"ip link: {rail.interface} state {interface.operstate} (NO-CARRIER); "
+                        f"RDMA port state: {netdev} has link",
+                        manual(f"move the cable to {rail.interface}'s port (the same port on both Sparks), "
+                               f"or set `interface: {netdev}` and `hca: {hca}` for this rail in the inventory"))
+                    continue
+                yield blocker(
+                    "link.down", spec.name,
+                    f"{rail.interface} has no carrier on {spec.name}: the QSFP cable is out, "
+                    "seated upside down, or in a different port on the other Spark",
+                    f"ip link: {rail.interface} state {interface.operstate} (NO-CARRIER)",
+                    manual("reseat the cable (pull-tab up), same port on both Sparks; "
+                           "`ibdev2netdev` must show the port (Up)"))
+                continue
+            want = str(rail.address)
+            if want not in interface.addresses:
+                explained.add(key)
+                have = ", ".join(interface.addresses) or "no IPv4 address"
+                yield blocker(
+                    "link.address-missing", spec.name,
+                    f"{rail.interface} on {spec.name} does not have {want} (it has {have})",
+                    f"ip addr show {rail.interface}: {have}",
+                    fix("link-address", interface=rail.interface, address=want))
+            if interface.mtu != mtu:
+                explained.update((n, r) for n in facts)
+                yield blocker(
+                    "link.mtu-mismatch", spec.name,
+                    f"{rail.interface} on {spec.name} has MTU {interface.mtu}, the inventory and the "
+                    f"other end want {mtu}: jumbo frames are dropped",
+                    f"ip link: {rail.interface} mtu {interface.mtu}",
+                    fix("link-mtu", interface=rail.interface, mtu=str(mtu)))
+            hca = f.ibdev.get(rail.interface)
+            if hca is not None and hca[0] != rail.hca:
+                yield warning(
+                    "link.hca-mismatch", spec.name,
+                    f"ibdev2netdev maps {rail.interface} to {hca[0]}, the inventory says {rail.hca}: "
+                    "NCCL_IB_HCA would name the wrong device",
+                    f"ibdev2netdev: {hca[0]} port 1 ==> {rail.interface}",
+                    manual(f"set `hca: {hca[0]}` for this rail in the inventory"))
+    yield from _pings(inventory, facts, explained)
+
+
+def _pings(inventory: Inventory, facts: Mapping[str, NodeFacts],
+           explained: set[tuple[str, int]]) -> Iterator[Finding]:
+    for spec in inventory.nodes:
+        f = facts.get(spec.name)
+        if f is None:
+            continue
+        for r, rail in enumerate(spec.link.rails):
+            for peer in inventory.nodes:
+                probe = f.probes.get(f"ping:{rail.interface}:{peer.name}")
+                if probe is None or probe.ok:
+                    continue
+                if (spec.name, r) in explained or (peer.name, r) in explained:
+                    continue
+                size = spec.link.mtu - 28
+                yield blocker(
+                    "link.ping-failed", spec.name,
+                    f"a {size}-byte don't-fragment ping from {spec.name} over {rail.interface} to "
+                    f"{peer.name} ({peer.link.rails[r].address.ip}) fails",
+                    f"ping -M do -s {size}: {probe.first_line or f'exit {probe.rc}'}",
+                    manual("check the MTU of every hop and the addresses of both ends; "
+                           "a firewall may drop ICMP"))

@@ -1,0 +1,198 @@
+"""Memory, disk and clock of each node; SSH, sudo and the fact gathering itself."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator, Mapping
+
+from spark_cluster.core.facts import GIB, NodeFacts, Process
+from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.checks.base import Finding, NodeContext, blocker, fix, gib, info, manual, warning
+
+# Other inference servers people leave running on a Spark: by process
+# name, and by words in the command line for the ones that run as `python`.
+COMPETING_NAMES = {"ollama", "llama-server", "tritonserver", "text-generation-launcher",
+                   "lms", "LM Studio", "localai"}
+COMPETING_ARGS = ("vllm serve", "vllm.entrypoints.cli.main serve", "vllm.entrypoints.openai.api_server",
+                  "sglang.launch_server",
+                  "ComfyUI/main.py", "comfyui")
+# Unified memory: CUDA, the desktop and the OS need some of the 128 GB besides the model.
+HEADROOM = 8 * GIB
+# vLLM's default --gpu-memory-utilization; on unified memory it must find this fraction of the
+# node's whole memory free when it starts ("Free memory on device ... is less than desired GPU
+# memory utilization"), whatever the weights.
+VLLM_DEFAULT_UTILIZATION = 0.9
+MIN_FREE_DISK = 256 * 1024**2
+CLOCK_TOLERANCE_S = 1.0
+
+
+# ps shows the kernel's process name (comm), cut to 15 characters: text-generation-launcher
+# is `text-generation` there.
+COMM_LEN = 15
+
+
+def competing(processes: tuple[Process, ...]) -> list[Process]:
+    names = {n[:COMM_LEN] for n in COMPETING_NAMES}
+    return [p for p in processes
+            if p.name[:COMM_LEN] in names or any(word in p.args for word in COMPETING_ARGS)]
+
+
+def model_bytes_per_node(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> int | None:
+    """What each node must hold of the weights: the checkpoint split over the nodes, or, where no
+    node has it yet, the recipe's measured figure."""
+    sizes = [sum(f.model_files.values()) for f in facts.values() if f.model_files]
+    if sizes:
+        return max(sizes) // len(inventory.nodes)
+    recipe = _recipe(inventory)
+    return int(recipe.weights_gib_per_node * GIB) if recipe and recipe.weights_gib_per_node else None
+
+
+def _recipe(inventory: Inventory):  # noqa: ANN202 - Recipe | None
+    model = inventory.model
+    if model is None or not model.recipe:
+        return None
+    from spark_cluster.core.recipes import RecipeError, load_recipe
+
+    try:
+        return load_recipe(model.recipe)
+    except RecipeError:
+        return None
+
+
+def gpu_memory_utilization(inventory: Inventory) -> float | None:
+    """The fraction of each node's memory vLLM asks for at start: --gpu-memory-utilization of the
+    plan (vLLM's default 0.9 when unset). None without a servable model."""
+    if inventory.model is None:
+        return None
+    from spark_cluster.core.errors import UsageError
+    from spark_cluster.core.serve_plan import serve_plan
+
+    try:
+        argv = list(serve_plan(inventory).head.argv)
+    except UsageError:
+        return None
+    if "--gpu-memory-utilization" in argv[:-1]:
+        try:
+            return float(argv[argv.index("--gpu-memory-utilization") + 1])
+        except ValueError:
+            return None
+    return VLLM_DEFAULT_UTILIZATION
+
+
+def _is_rank(args: str) -> bool:
+    lowered = args.lower()
+    return "vllm" in lowered or "rayworker" in lowered
+
+
+def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None,
+                 util: float | None) -> Iterator[Finding]:
+    """`util`: gpu_memory_utilization(ctx.inventory), the fraction vLLM asks of each node."""
+    memory = facts.memory
+    if memory is None:
+        return
+    node = facts.node
+    state = f"MemAvailable {gib(memory.available)} of {gib(memory.total)}"
+    hogs = [p for p in competing(facts.processes) if p.pid not in facts.own_pids]
+    if hogs:
+        names = ", ".join(f"{p.name} (pid {p.pid})" for p in hogs)
+        yield blocker(
+            "memory.competing-process", node,
+            f"another model server holds unified memory on {node}: {names}; {state}",
+            f"ps: {hogs[0].pid} {hogs[0].name} {hogs[0].args[:80]}",
+            fix("stop-competing-servers", pids=" ".join(str(p.pid) for p in hogs),
+                names=" ".join(p.name for p in hogs)))
+        return
+    # A rank on a worker node is a Ray actor (`ray::RayWorkerProc`, no "vllm" in its title) or
+    # a headless `vllm serve`: either way the cluster's model is what holds the memory.
+    ours = [p for p in facts.processes if p.pid in facts.own_pids and _is_rank(p.args)]
+    if ours:  # the model is loaded already: what it holds is not missing
+        yield info("memory.held-by-cluster", node,
+                   f"this cluster's vLLM runs on {node} and holds its memory; {state}",
+                   f"ps: {ours[0].pid} {ours[0].args[:80]}", manual("`spark-cluster down` frees it"))
+        return
+    wanted = (need + HEADROOM) if need else None
+    asked = int(util * memory.total) if util else None
+    why = f"({gib(need or 0)} of weights + {gib(HEADROOM)} headroom)"
+    if asked and (wanted is None or asked > wanted):
+        wanted, why = asked, (f"(vLLM asks --gpu-memory-utilization {util:g} x {gib(memory.total)} free at "
+                              "start on unified memory)")
+    if wanted and memory.available < wanted:
+        cache = memory.cached + memory.buffers
+        yield blocker(
+            "memory.low", node,
+            f"{state}; the model needs about {gib(wanted)} per node {why}"
+            + (f"; {gib(cache)} is page cache, which drop-caches returns" if cache > GIB else ""),
+            f"/proc/meminfo: MemAvailable {memory.available // 1024} kB",
+            fix("drop-caches") if cache > GIB else manual("stop what uses the memory, or "
+                                                          "lower --gpu-memory-utilization"))
+        return
+    if memory.cached > memory.total // 4:
+        yield warning(
+            "memory.page-cache", node,
+            f"{gib(memory.cached)} of page cache: on unified memory vLLM's start-up probe sees "
+            "it as used and can fail with out-of-memory",
+            f"/proc/meminfo: Cached {memory.cached // 1024} kB", fix("drop-caches"))
+
+
+def check_disk(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator[Finding]:
+    disk = facts.disk
+    if disk is None:
+        return
+    node = facts.node
+    where = f"{disk.path}: {gib(disk.available)} free of {gib(disk.size)}"
+    if disk.available < max(MIN_FREE_DISK, disk.size // 200):
+        yield blocker(
+            "disk.full", node, f"the filesystem of the model cache is full ({where})",
+            f"df -B1 {disk.path}: avail {disk.available}",
+            manual(f"free space under {disk.path}: old snapshots (`hf cache scan`), docker images "
+                   "(`docker image prune`)"))
+        return
+    have = sum((facts.model_files or {}).values())
+    missing = max(0, (need or 0) * len(ctx.inventory.nodes) - have)
+    if missing > disk.available:
+        yield warning(
+            "disk.low", node,
+            f"the model's missing files ({gib(missing)}) will not fit ({where})",
+            f"df -B1 {disk.path}: avail {disk.available}", manual("free space before staging"))
+
+
+def check_clocks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
+    """Against the median of all clocks (this machine's included), so one wrong clock,
+    not the reference, is the one named."""
+    offsets = {n: f.clock_offset for n, f in facts.items() if f.clock_offset is not None}
+    if not offsets:
+        return
+    reference = statistics.median([0.0, *offsets.values()])
+    for node, offset in offsets.items():
+        skew = offset - reference
+        if abs(skew) > CLOCK_TOLERANCE_S + facts[node].clock_uncertainty:
+            yield warning(
+                "clock.skew", node,
+                f"the clock of {node} is {abs(skew):.1f} s {'ahead' if skew > 0 else 'behind'} of "
+                "the others: TLS (image pulls) and log correlation suffer",
+                f"date +%s.%N: {facts[node].clock:.3f}, offset {skew:+.2f} s",
+                fix("clock-sync"))
+
+
+def check_access(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
+    from spark_cluster.core.checks.driver import WATCHED  # those have their own finding (probe.failed, nvidia-smi-hung)
+
+    for name, probe in facts.probes.items():
+        if name not in WATCHED and probe.rc == 124 and probe.err.startswith("timed out after "):
+            yield warning(
+                "facts.probe-slow", facts.node,
+                f"slow probe {name} on {facts.node}: no answer in {probe.err[16:]}, so what it "
+                "looks at is not checked (the node itself answered)",
+                f"{name}: {probe.err}", manual(f"see what makes it slow on {facts.node}"))
+    if not facts.sudo_ok:
+        sudo = facts.probe("sudo")
+        yield warning(
+            "sudo.needs-password", facts.node,
+            f"sudo asks {ctx.spec.user} for a password: `fix` cannot repair this node unattended",
+            f"sudo -n true: {sudo.first_line or f'exit {sudo.rc}'}",
+            manual(f"on {facts.node}: echo '{ctx.spec.user} ALL=(ALL) NOPASSWD: ALL' | "
+                   "sudo tee /etc/sudoers.d/spark-cluster, or use --ask-sudo-pass"))
+    if facts.reboot_required:
+        yield info("os.reboot-required", facts.node,
+                   "the system asks for a reboot after an update",
+                   "/var/run/reboot-required exists", manual("reboot when convenient"))

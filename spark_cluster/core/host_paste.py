@@ -1,0 +1,270 @@
+"""`diagnose --host-output`: command outputs pasted together (as users paste them into forums and
+issues, with or without shell prompts), each recognised by its shape, turned into the probe
+answers `check` gathers, and judged by the same parsers and checks.
+
+What the paste does not show is listed as unknown, never assumed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_cluster.core.checks import HOST_CHECKS
+from spark_cluster.core.checks.base import Finding, Severity, blocker
+from spark_cluster.core.facts import parse_facts
+from spark_cluster.core.parsers import driver_info
+
+NODE = "pasted"
+
+# A shell prompt: `$ cmd`, `user@host:~$ cmd`, `[root@host ~]# cmd`, `~$ cmd`, `# cmd` (root).
+_PROMPT = re.compile(r"^(?:\([\w.-]+\)\s*)?(?:\[[^\]]*\]|[\w.-]+@[\w.-]+(?::\S*)?|~\S*)?\s*[$#]\s+(\S.*)$")
+_COMMANDS = {  # first word (after sudo) -> kind
+    "nvidia-smi": "nvidia_smi", "uname": "uname", "lsmod": "lsmod", "modinfo": "modinfo",
+    "modprobe": "modprobe", "insmod": "modprobe", "dpkg": "dpkg", "dpkg-query": "dpkg", "dkms": "dkms",
+    "dmesg": "kernel_log", "journalctl": "kernel_log", "apt-mark": "holds", "ibstat": "ibstat",
+    "rdma": "rdma_link", "ibdev2netdev": "ibdev2netdev",
+}
+_FILES = (("/proc/driver/nvidia/version", "proc_driver"), ("history.log", "apt_history"),
+          ("unattended-upgrades", "unattended_log"), ("/var/log/kern.log", "kernel_log"),
+          ("/var/log/syslog", "kernel_log"))
+
+_MODINFO_KEYS = ("filename|version|license|vermagic|signer|srcversion|description|firmware|alias|depends|"
+                 "name|sig_id|sig_key|sig_hashalgo|signature|parm|supported|import_ns|retpoline|intree|"
+                 "author|softdep|rhelversion")
+_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("dpkg", re.compile(r"^(Desired=|\| Status=|\|/ Err\?|\|\|/ Name|\+\+\+-|(ii|hi|rc|iU|iF|un|pn|ri|hF)[ \t]+\S)")),
+    ("nvidia_smi", re.compile(r"^(\||\+-{5}|NVIDIA-SMI has failed|Failed to initialize NVML|NVML library version|"
+                              r"No devices were found|NVIDIA-SMI couldn't find|Unable to determine the device handle|"
+                              r"name, |NVIDIA [^,]+, [0-9]+\.[0-9]+|GPU [0-9]+: .+\(UUID: |"
+                              r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} [0-9]{4}\s*$)")),
+    ("proc_driver", re.compile(r"^(NVRM version:|GCC version:)")),
+    ("kernel_log", re.compile(r"^(\[\s*[0-9]+\.[0-9]+\]\s|[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} \S+ kernel: |"
+                              r"\s*NVRM[: ]|nvidia-(modeset|uvm|nvlink|drm): |mlx5_core |\[drm)")),
+    ("apt_history", re.compile(r"^(Start-Date|Commandline|Requested-By|Upgrade|Install|Remove|Purge|Downgrade|"
+                               r"Reinstall|End-Date|Error): ")),
+    ("unattended_log", re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8},[0-9]+ (INFO|WARNING|ERROR|DEBUG) ")),
+    ("modprobe", re.compile(r"^(modprobe|insmod): (FATAL|ERROR): ")),
+    ("modinfo", re.compile(rf"^(({_MODINFO_KEYS}):\s|modinfo: ERROR: |Module \S+ not found\.?$)")),
+    ("dkms", re.compile(r"^[\w.+-]+(/|, )[0-9][\w.+~-]*(, \S+, \S+)?: (installed|built|added)")),
+    ("lsmod", re.compile(r"^(Module\s+Size\s+Used by|[a-z0-9_]+\s+[0-9]+\s+[0-9-]+(\s+[\w,\[\]-]+)?\s*$)")),
+    ("uname", re.compile(r"^(Linux \S+ [0-9]+\.[0-9]+\.\S+ #|[0-9]+\.[0-9]+\.[0-9]+-[0-9]+-[a-z0-9]+$)")),
+    ("ibstat", re.compile(r"^(CA '|\s+(CA type|Number of ports|Firmware version|Hardware version|Node GUID|"
+                          r"System image GUID|Port [0-9]+|State|Physical state|Rate|Base lid|LMC|SM lid|"
+                          r"Capability mask|Port GUID|Link layer):)")),
+    ("rdma_link", re.compile(r"^link \S+/[0-9]+ ")),
+    ("ibdev2netdev", re.compile(r"^\S+\s+port\s+[0-9]+\s+==>\s+\S+\s+\((Up|Down)\)")),
+)
+
+# What the checks would read, and what it would have shown, for the `unknown` list.
+UNKNOWN = {
+    "nvidia_smi": "nvidia-smi: whether the driver answers",
+    "uname": "uname -r: the running kernel",
+    "lsmod": "lsmod: which modules are loaded",
+    "proc_driver": "/proc/driver/nvidia/version: the loaded module's version and flavour",
+    "packages": "dpkg -l: the installed driver and module packages",
+    "modinfo_nvidia": "modinfo nvidia: the module on disk, its flavour and how it was installed",
+    "kernel_log": "journalctl -k / dmesg: NVRM errors and Xid events since boot",
+    "dkms": "dkms status: whether DKMS builds the module",
+    "apt_history": "/var/log/apt/history.log: which upgrade changed the driver",
+    "holds": "apt-mark showhold: whether the driver packages are held",
+    "rdma_link": "rdma link / ibdev2netdev / ibstat: which RDMA ports have link",
+}
+TOOL_NAMES = {"nvidia_smi": "nvidia-smi", "proc_driver": "/proc/driver/nvidia/version", "uname": "uname",
+              "lsmod": "lsmod", "modinfo": "modinfo", "modprobe": "modprobe", "dpkg": "dpkg -l",
+              "dkms": "dkms status", "kernel_log": "kernel log", "apt_history": "apt history",
+              "unattended_log": "unattended-upgrades log", "holds": "apt-mark showhold", "ibstat": "ibstat",
+              "rdma_link": "rdma link", "ibdev2netdev": "ibdev2netdev"}
+
+
+@dataclass
+class Section:
+    kind: str
+    command: str = ""  # the command line after the prompt, "" when the paste had none
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines) + ("\n" if self.lines else "")
+
+
+def _kind_of_command(command: str) -> str:
+    words = command.split()
+    while words and words[0] in ("sudo", "time", "-n", "-E"):
+        words = words[1:]
+    if not words:
+        return "other"
+    for needle, kind in _FILES:
+        if needle in command:
+            return kind
+    return _COMMANDS.get(words[0].rsplit("/", 1)[-1], "other")
+
+
+def shape_of(line: str) -> str | None:
+    for kind, pattern in _SHAPES:
+        if pattern.search(line):
+            return kind
+    return None
+
+
+def split_paste(text: str) -> list[Section]:
+    """Sections of the paste: one per prompt, else one per run of lines of one shape."""
+    sections: list[Section] = []
+    current: Section | None = None
+    for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        line = raw.rstrip()
+        prompt = _PROMPT.match(line)
+        if prompt and (not line.startswith("#") or _kind_of_command(prompt.group(1)) != "other"):
+            command, _, note = prompt.group(1).partition("  #")
+            command = command.strip()
+            current = Section(_kind_of_command(command), command)
+            sections.append(current)
+            note = note.strip().lstrip("#").strip()
+            if note and note != "(empty)":
+                current.lines.append(note)  # the poster wrote the output beside the command
+            continue
+        if not line.strip():
+            continue
+        if current is not None and current.command:
+            if line.lstrip().startswith("#"):
+                continue  # the poster's note on the line above
+            current.lines.append(re.sub(r"\s+#\s.*$", "", line))
+            continue
+        kind = shape_of(line)
+        if kind is None:
+            current = None
+            continue
+        if current is None or current.kind != kind:
+            current = Section(kind)
+            sections.append(current)
+        current.lines.append(line)
+    return [s for s in sections if s.kind != "other" and (s.command or _plausible(s))]
+
+
+def _plausible(section: Section) -> bool:
+    """A run of lines recognised by shape alone must hold what that tool prints, not only look like
+    it (a Markdown table's `|` rows are no nvidia-smi table)."""
+    if section.kind == "nvidia_smi":
+        probe = _smi_probe(section.text)
+        return probe["rc"] != 0 or driver_info.parse_smi_table(section.text) is not None or \
+            bool(re.search(r"^(NVIDIA [^,]+, [0-9]+\.[0-9]+|GPU [0-9]+: )", section.text, re.M))
+    if section.kind == "ibstat":
+        return "CA '" in section.text
+    return True
+
+
+_DPKG_ROW = re.compile(r"^([a-zA-Z]{2,3})[ \t]+([a-z0-9][a-z0-9.+-]*)(?::[a-z0-9]+)?(?:[ \t]+(\S+))?")
+
+
+def _dpkg_rows(text: str) -> str:
+    rows = []
+    for line in text.splitlines():
+        match = _DPKG_ROW.match(line)
+        if match and match.group(1) not in ("Desired",):
+            rows.append(f"{match.group(1)}\t{match.group(2)}\t{match.group(3) or ''}")
+    return "\n".join(rows) + ("\n" if rows else "")
+
+
+def _smi_probe(text: str) -> dict[str, Any]:
+    table = driver_info.parse_smi_table(text)
+    if table is not None:
+        row = f"{table.get('name', '')}, {table['driver']}, , {table.get('temperature', '[N/A]')}, " \
+              f"{table.get('power', '[N/A]')}, {table.get('bus_id', '')}"
+        return {"rc": 0, "out": row + "\n", "err": ""}
+    for marker, rc in (("version mismatch", 18), ("couldn't communicate with the NVIDIA driver", 9),
+                       ("NVIDIA-SMI has failed", 9), ("No devices were found", 6),
+                       ("couldn't find libnvidia-ml.so", 12), ("Unable to determine the device handle", 15)):
+        if marker in text:
+            return {"rc": rc, "out": text, "err": ""}
+    listing = re.search(r"GPU [0-9]+: (.+?) \(UUID: ", text)
+    if listing:
+        return {"rc": 0, "out": f"{listing.group(1)}, , , [N/A], [N/A], \n", "err": ""}
+    return {"rc": 0, "out": text, "err": ""}
+
+
+def paste_probes(sections: list[Section]) -> dict[str, dict[str, Any]]:
+    """The probe answers `check` would have gathered, from what the paste shows."""
+    probes: dict[str, dict[str, Any]] = {}
+    by_kind: dict[str, list[Section]] = {}
+    for s in sections:
+        by_kind.setdefault(s.kind, []).append(s)
+
+    def joined(kind: str) -> str:
+        return "".join(s.text for s in by_kind.get(kind, ()))
+
+    def ok(out: str, rc: int = 0) -> dict[str, Any]:
+        return {"rc": rc, "out": out, "err": ""}
+
+    if "nvidia_smi" in by_kind:
+        probes["nvidia_smi"] = _smi_probe(by_kind["nvidia_smi"][-1].text)
+    kernel = arch = ""
+    for s in by_kind.get("uname", ()):
+        words = s.text.split()
+        if words[:1] == ["Linux"] and len(words) > 2:
+            kernel, arch = words[2], next((w for w in reversed(words) if w in ("aarch64", "x86_64")), "")
+        elif words:
+            kernel = words[0]
+    if "proc_driver" in by_kind:
+        text = joined("proc_driver")
+        probes["proc_driver"] = ok(text, 0 if "NVRM version" in text else 1)
+    if "lsmod" in by_kind:
+        sections_ = by_kind["lsmod"]
+        probes["lsmod"] = ok(joined("lsmod"))
+        if any("|" in s.command or "grep" in s.command for s in sections_) or "Module" not in joined("lsmod"):
+            probes["lsmod_filtered"] = ok("")  # a listing cut by grep shows what it kept, not what is missing
+    text = joined("modinfo")
+    missing_module = bool(re.search(r"Module nvidia not found", text))
+    if "modinfo" in by_kind:
+        probes["modinfo_nvidia"] = ok(text, 1 if missing_module else 0)
+    modprobe = joined("modprobe")
+    if m := re.search(r"Module nvidia\S* not found in directory /lib/modules/(\S+)", modprobe):
+        kernel = kernel or m.group(1)
+        missing_module = True
+    if kernel:
+        probes["uname"] = ok(f"{kernel} {arch}".strip() + "\n")
+        fields = driver_info.parse_modinfo(text)
+        version = (fields.get("version") or [""])[0]
+        on_disk = any(f"/lib/modules/{kernel}/" in f for f in fields.get("filename", ()))
+        if missing_module or (version and on_disk):
+            probes["kernel_modules"] = ok(f"{kernel}\t{'' if missing_module else version}\n")
+    if "dpkg" in by_kind:
+        probes["packages"] = ok(_dpkg_rows(joined("dpkg")))
+    log = joined("kernel_log") + "".join(f"kernel: {line}\n" for line in modprobe.splitlines()
+                                         if "Key was rejected" in line)
+    if log:
+        probes["kernel_log"] = ok(log)
+    for kind in ("dkms", "apt_history", "unattended_log", "holds", "rdma_link", "ibdev2netdev"):
+        if kind in by_kind:
+            probes[kind] = ok(joined(kind))
+    return probes
+
+
+def diagnose_host_output(text: str) -> dict[str, Any]:
+    """Findings, unknowns and what was recognised, for docs/diagnose.md's JSON."""
+    from spark_cluster.ui.report_view import fix_commands
+
+    sections = split_paste(text)
+    probes = paste_probes(sections)
+    facts = parse_facts(NODE, {"probes": probes})
+    findings: list[Finding] = []
+    for check in HOST_CHECKS:
+        try:
+            findings += list(check(facts, None))
+        except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
+            findings.append(blocker("check.crashed", NODE, f"the check {check.__name__} failed: {exc!r}",
+                                    "a bug in spark-cluster: please report it"))
+    shown = set(probes) | ({"rdma_link"} if {"ibdev2netdev", "ibstat"} & {s.kind for s in sections} else set())
+    unknown = [hint for name, hint in UNKNOWN.items() if name not in shown]
+    if "lsmod_filtered" in probes:
+        unknown.append("lsmod was cut by grep: which RDMA modules are loaded")
+    return {
+        "ok": not any(f.severity in (Severity.BLOCKER, Severity.WARNING) for f in findings),
+        "recognised": [{"kind": s.kind, "tool": TOOL_NAMES[s.kind], "command": s.command, "lines": len(s.lines)}
+                       for s in sections],
+        "findings": [{"id": f.id, "severity": f.severity.value, "message": f.message, "evidence": f.evidence,
+                      "fix": None if f.fix is None else {"playbook": f.fix.playbook, "commands": fix_commands(f),
+                                                         "note": f.fix.note}}
+                     for f in findings],
+        "unknown": unknown,
+    }

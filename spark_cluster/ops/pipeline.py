@@ -1,0 +1,248 @@
+"""`up` as stages in order: check, stage weights (when the inventory asks), runtime (Ray or
+vLLM's own multi-node mode), vLLM, follow. Each stage is a function that takes what the one
+before returned (the `Run`, with that stage's result added) and reports through `emit`; the
+CLI renders the events as the human view and as `--json` lines. Nothing here prints.
+
+Events, in order (data in brackets):
+    stage [number, name, detail]                    a stage begins
+    pull-line [node, line], pulled [image, nodes]   an image is pulled where it is missing
+    check-blocked [report], check [ok, seconds]     check's verdict
+    vllm-version [node, version, variant, recipe]   the recipe spelled for the vLLM check found
+    weights-event [kind, data], weights [...]       sync's own events, then its result
+    restart-stop [node]                             --restart stops a running vLLM first
+    ray-wait [message, state], ray [result]         Ray coming up, then up
+    runtime [executor, runtime, seconds, started]   executor mp
+    vllm-reused [plan], vllm-following [node]       a running vLLM kept, or a start followed
+    follow-start, progress [progress], follow-end   the start as it goes
+    ready [plan, progress | None]                   it serves
+    done [seconds, until]
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_cluster.core.errors import SparkClusterError, StoppedFollowing
+from spark_cluster.core.inventory import Inventory
+from spark_cluster.transport.remote import Fleet
+
+Emit = Callable[..., None]
+
+
+@dataclass
+class Run:
+    """What `up` carries from stage to stage: its inputs, then each stage's result."""
+
+    inventory: Inventory
+    fleet: Fleet
+    plan: Any  # ServePlan, or None when `until` stops before vLLM
+    emit: Emit
+    until: str = "vllm"
+    restart: bool = False
+    timeout_s: float = 3600.0
+    stalled_after: float = 1800.0
+    started: float = field(default_factory=time.monotonic)
+    stage: int = 0
+    report: Any = None  # preflight Report
+    weights: dict | None = None  # sync's result
+    runtime: Any = None  # RayUp, or the containers started for executor mp
+    progress: Any = None  # follow.Progress once vLLM serves
+
+    @property
+    def hint_path(self) -> str:
+        return str(self.inventory.path)
+
+    def begin(self, name: str, detail: str) -> None:
+        self.stage += 1
+        self.emit("stage", number=self.stage, name=name, detail=detail)
+
+
+def check(run: Run) -> Run:
+    """Stage 1: every node passes preflight (an image missing somewhere is pulled first)."""
+    from spark_cluster.ops.preflight import preflight
+
+    inv = run.inventory
+    run.begin("check", f"{len(inv.nodes)} nodes")
+    report = preflight(inv, run.fleet)
+    lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
+    if lacking:
+        _pull_image(run, lacking)
+        report = preflight(inv, run.fleet)
+    run.report = report
+    if report.blockers:
+        run.emit("check-blocked", report=report)
+        raise SparkClusterError(
+            f"check found {len(report.blockers)} blocker(s); nothing was started\n"
+            f"  hint: spark-cluster fix {run.hint_path}  (or --dry-run to see what it would do)")
+    run.emit("check", ok=True, seconds=round(report.seconds, 3))
+    if run.plan is not None:
+        run.plan = plan_for_installed_vllm(run.inventory, run.plan, report, run.emit)
+    return run
+
+
+def plan_for_installed_vllm(inv: Inventory, plan: Any, report: Any, emit: Emit = lambda *_, **__: None) -> Any:
+    """The plan in the spelling of the vLLM check found on the head (every node has the same one:
+    check blocks on a difference); a recipe not written for it stops here, naming what it knows."""
+    from spark_cluster.core.serve_plan import serve_plan
+
+    facts = report.facts.get(inv.head.name)
+    version = facts.runtime_versions.get("vllm") if facts is not None else None
+    if version is None:
+        if plan.vllm_variant is not None:
+            emit("vllm-version", node=inv.head.name, version=None, variant=plan.vllm_variant, recipe=plan.recipe)
+        return plan
+    plan = serve_plan(inv, vllm_version=version)
+    if plan.vllm_variant is not None:
+        emit("vllm-version", node=inv.head.name, version=version, variant=plan.vllm_variant, recipe=plan.recipe)
+    return plan
+
+
+def _pull_image(run: Run, nodes: list[str]) -> None:
+    from spark_cluster.ops.image_pull import pull_missing
+
+    image = run.inventory.cluster.image or ""
+    run.emit("stage", number=1, name="pull", detail=f"{image} on {', '.join(nodes)} (not there yet)")
+    took = pull_missing(run.fleet, nodes, run.inventory.cluster.name, image,
+                        lambda node, line: run.emit("pull-line", node=node, line=line))
+    run.emit("pulled", image=image, nodes={n: round(s, 3) for n, s in took.items()})
+
+
+def stage_weights(run: Run) -> Run:
+    """Stage 2 when model.sync asks: every node's HF-cache entry made identical, over the link."""
+    inv = run.inventory
+    if inv.model is None or not inv.model.sync:
+        return run
+    from spark_cluster.ops.sync import sync
+
+    run.begin("weights", "the model's HF-cache entry made identical on every node, over the link")
+    run.weights = sync(inv, run.fleet, lambda kind, **data: run.emit("weights-event", kind=kind, data=data))
+    run.emit("weights", copied_bytes=run.weights["copied_bytes"], source=run.weights["source"],
+             seconds=run.weights["seconds"])
+    return run
+
+
+def runtime(run: Run) -> Run:
+    """Ray across the link, or (executor mp) only the containers vLLM's own mode runs in."""
+    inv, fleet = run.inventory, run.fleet
+    if run.restart and run.plan is not None:
+        _stop_vllm_for_restart(run)
+    if inv.cluster.executor == "mp":
+        from spark_cluster.ops.ray_cluster import start_containers
+
+        began = time.monotonic()
+        run.begin("runtime", "executor mp: vLLM's own multi-node mode, no Ray")
+        started = start_containers(inv, fleet) if inv.cluster.runtime == "container" else None
+        run.runtime = started
+        run.emit("runtime", executor="mp", runtime=inv.cluster.runtime, started=started,
+                 seconds=round(time.monotonic() - began, 3))
+        return run
+    from spark_cluster.ops.ray_cluster import bring_up
+
+    run.begin("ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
+    run.emit("ray-start")
+    try:
+        result = bring_up(inv, fleet, restart=run.restart,
+                          progress=lambda message, state: run.emit("ray-wait", message=message, state=state))
+    finally:
+        run.emit("ray-end")
+    run.runtime = result
+    run.emit("ray", result=result)
+    return run
+
+
+def _stop_vllm_for_restart(run: Run) -> None:
+    """--restart replaces Ray too, which would kill vLLM's engine mid-flight: stop vLLM first."""
+    from spark_cluster.ops import serve
+
+    plan, fleet = run.plan, run.fleet
+    if any(serve.running(fleet.node(c.node), c) for c in plan.commands):
+        run.emit("restart-stop", node=plan.head.node)
+        for name, outcome in serve.stop(fleet, plan).items():
+            if isinstance(outcome, Exception):
+                raise SparkClusterError(f"{name}: could not stop vLLM: {outcome}")
+
+
+def vllm(run: Run) -> Run:
+    """Launch vLLM (or keep the one running with the same launch), then follow it to ready."""
+    if run.plan is None:
+        return run
+    from spark_cluster.ops.reach import reach
+
+    with reach(run.plan, run.fleet) as reachable:
+        launched = _launch(run, reachable)
+        return run if launched is None else follow(launched, reachable)
+
+
+def _launch(run: Run, reachable: Any) -> Run | None:
+    """None when a running vLLM of the same launch already serves (reused)."""
+    from spark_cluster.ops import serve
+    from spark_cluster.ops.readiness import readiness
+    from spark_cluster.core.serve_plan import launch_diff, launch_record
+
+    plan, fleet = run.plan, run.fleet
+    run.begin("vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
+    head = fleet.node(plan.head.node)
+    if serve.running(head, plan.head):
+        record = serve.running_record(head, reachable)
+        changed = launch_diff(record, launch_record(reachable)) if record is not None else []
+        if changed:
+            raise SparkClusterError(
+                "vLLM of this cluster runs with another launch than the inventory asks for:\n  "
+                + "\n  ".join(changed)
+                + f"\n  hint: `spark-cluster up {run.hint_path} --restart` replaces it; `down` stops it")
+        if readiness(reachable) is None:
+            run.emit("ready", plan=plan, progress=None)
+            return None
+        # Started earlier (an `up` left with Ctrl-C): follow that start from its first line.
+        run.emit("vllm-following", node=plan.head.node)
+    else:
+        serve.start(fleet, reachable)
+    return run
+
+
+def follow(run: Run, reachable: Any) -> Run:
+    """Follow the start until it serves; Ctrl-C stops following and leaves vLLM running."""
+    from spark_cluster.ops.follow import follow as poll
+
+    plan, inv = run.plan, run.inventory
+    by_ip = {str(spec.link_address): spec.name for spec in inv.nodes}
+    interrupted = threading.Event()
+    # A Ctrl-C that lands inside an SSH call would be forwarded to the remote command and lost:
+    # the poll loop looks at this flag instead.
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    run.emit("follow-start")
+    try:
+        progress = poll(run.fleet, reachable, lambda p: run.emit("progress", progress=p), timeout_s=run.timeout_s,
+                        silence_s=run.stalled_after, nodes_by_ip=by_ip, stop=interrupted)
+    except KeyboardInterrupt:
+        raise StoppedFollowing(
+            f"stopped following; vLLM keeps running on {plan.head.node}\n"
+            f"  hint: `spark-cluster up {run.hint_path}` follows it again; `logs -f` shows its log, "
+            "`down` stops it") from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        run.emit("follow-end")
+    run.progress = progress
+    run.emit("ready", plan=plan, progress=progress)
+    return run
+
+
+STAGES = (check, stage_weights, runtime, vllm)
+
+
+def up(run: Run) -> Run:
+    """Every stage in order, each on what the one before returned; `until` stops early."""
+    last = {"check": check, "ray": runtime, "vllm": vllm}[run.until]
+    current = run
+    for stage in STAGES:
+        current = stage(current)
+        if stage is last:
+            break
+    if run.until != "check":  # `--until check` ends with check's own verdict
+        run.emit("done", seconds=round(time.monotonic() - run.started, 1), until=run.until)
+    return current

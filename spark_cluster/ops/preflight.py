@@ -1,0 +1,77 @@
+"""Preflight: gather every node's facts in one round trip each, then run the checks."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from spark_cluster.core.checks import Finding, run_checks
+from spark_cluster.core.checks.base import blocker, manual
+from spark_cluster.core.errors import CommandTimeout, SparkClusterError
+from spark_cluster.core.facts import NodeFacts, parse_facts
+from spark_cluster.core.facts_probe import gather_command, probes_for
+from spark_cluster.core.inventory import Inventory
+from spark_cluster.transport.remote import Fleet, Node
+
+GATHER_TIMEOUT = 30.0
+
+
+class FactsUnavailable(SparkClusterError):
+    """The node answered, but not with facts (no python3, a broken shell)."""
+
+
+def gather_node(inventory: Inventory, node: Node) -> NodeFacts:
+    spec = inventory.node(node.name)
+    command = gather_command(probes_for(inventory, spec))
+    sent = time.time()
+    result = node.run(command, timeout=GATHER_TIMEOUT)
+    received = time.time()
+    try:
+        raw = json.loads(result.stdout)
+    except ValueError:
+        raise FactsUnavailable(
+            f"{node.name}: the fact gatherer did not answer with facts (exit {result.exit_code}): "
+            f"{result.tail('stderr', 3) or result.tail('stdout', 3)}"
+        ) from None
+    return parse_facts(node.name, raw, sent, received)
+
+
+def gather(inventory: Inventory, fleet: Fleet) -> dict[str, NodeFacts | Exception]:
+    return dict(fleet.map(lambda node: gather_node(inventory, node)))
+
+
+@dataclass(frozen=True)
+class Report:
+    facts: Mapping[str, NodeFacts]
+    findings: tuple[Finding, ...]
+    seconds: float
+
+    @property
+    def blockers(self) -> list[Finding]:
+        return [f for f in self.findings if f.blocking]
+
+
+def unreachable(node: str, error: Exception) -> Finding:
+    first, _, hint = str(error).partition("\n  hint: ")
+    if isinstance(error, CommandTimeout):  # it answered SSH, then was slow: not unreachable
+        return blocker("facts.slow", node,
+                       f"slow probes on {node}: the facts did not come back within {GATHER_TIMEOUT:g} s",
+                       first, manual(f"see what is slow on {node} (`uptime`, a hung mount, "
+                                     "nvidia-smi hanging)"))
+    if isinstance(error, FactsUnavailable):
+        return blocker("facts.unavailable", node, first,
+                       "the node runs commands but the fact gatherer failed",
+                       manual("make sure python3 is installed on the node"))
+    return blocker("ssh.unreachable", node, first, type(error).__name__,
+                   manual(hint or "check the address, the key and that sshd runs"))
+
+
+def preflight(inventory: Inventory, fleet: Fleet) -> Report:
+    started = time.monotonic()
+    gathered = gather(inventory, fleet)
+    facts = {n: f for n, f in gathered.items() if isinstance(f, NodeFacts)}
+    findings = [unreachable(n, e) for n, e in gathered.items() if isinstance(e, Exception)]
+    findings += run_checks(inventory, facts)
+    return Report(facts, tuple(findings), time.monotonic() - started)

@@ -1,0 +1,57 @@
+"""Whether vLLM serves, asked of the server itself over HTTP: /health, /v1/models, one chat."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+from spark_cluster.ops.serve import api_key
+from spark_cluster.core.serve_plan import ServePlan
+
+HTTP_TIMEOUT_S = 10.0
+
+
+def http(url: str, body: dict | None = None, key: str | None = None) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def readiness(plan: ServePlan) -> str | None:
+    """None when /health is 200, /v1/models lists the model and one chat completion returns."""
+    base = plan.endpoint.removesuffix("/v1")
+    key = api_key(plan)
+    code, text = http(f"{base}/health")
+    if code != 200:
+        return f"/health answered {code or 'nothing'}"
+    code, text = http(f"{plan.endpoint}/models", key=key)
+    if code == 401:
+        return f"/v1/models wants the API key: {unauthorized_hint(plan)}"
+    if code != 200 or plan.served_model_name not in text:
+        return f"/v1/models does not list {plan.served_model_name} ({code})"
+    code, text = http(f"{plan.endpoint}/chat/completions", {
+        "model": plan.served_model_name, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Say hello."}]}, key=key)
+    if code != 200 or '"choices"' not in text:
+        return f"a chat completion failed ({code}): {text[:200]}"
+    return None
+
+
+def unauthorized_hint(plan: ServePlan) -> str:
+    if not plan.secret_env:
+        return "the server was started with a key; name its variable in model.api_key_env"
+    name = plan.secret_env[0]
+    if os.environ.get(name):
+        return f"${name} here is not the key the server was started with"
+    return f"export {name}=<the key> here"

@@ -1,0 +1,195 @@
+"""Launch vLLM detached on the nodes, and stop it: the commands, the record of a launch.
+
+vLLM runs in a process session of its own on each node (pid in vllm.pid beside its log),
+so a lost SSH connection or Ctrl-C here leaves it running, and `down` stops exactly it.
+Its log is followed by `follow.py`; whether it serves is asked over HTTP by `readiness.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.facts_probe import remote_path
+from spark_cluster.transport.remote import Fleet, Node
+from spark_cluster.core.secrets import exports, stdin_lines
+from spark_cluster.core.serve_plan import NodeCommand, ServePlan, launch_record
+from spark_cluster.core.session import record_session, session_of, stop_session_command
+
+
+RECORD = "vllm.json"  # beside the head's log: what the running vLLM was started with
+# vLLM's command line in our container: `vllm serve` (the image's script) or `python -m
+# vllm.entrypoints.cli.main serve`.
+IN_CONTAINER = r"vllm(\.entrypoints\.cli\.main)? serve "
+# Stops, inside the container, the processes whose command line matches argv[1]: TERM, up to
+# argv[2] seconds, KILL; exit 1 if any is left. Python because the image has it for vLLM,
+# while procps (pkill) it may lack.
+_STOP_IN_CONTAINER = r"""
+import os, re, signal, sys, time
+pattern, grace = re.compile(sys.argv[1]), float(sys.argv[2])
+def matching():
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            line = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and pattern.search(line):
+            found.append(int(pid))
+    return found
+def send(sig):
+    for pid in matching():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+send(signal.SIGTERM)
+end = time.monotonic() + grace
+while matching() and time.monotonic() < end:
+    time.sleep(0.2)
+send(signal.SIGKILL)
+time.sleep(0.2)
+sys.exit(1 if matching() else 0)
+"""
+
+
+class ServeError(SparkClusterError):
+    """vLLM failed to start; the message is the diagnosis (cause, node, evidence, next step).
+
+    `details` holds the same as data (cause, node, phase, evidence, next_step, log) for
+    `up --json`'s closing `failed` event.
+    """
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def _dir(command: NodeCommand) -> str:
+    return remote_path(command.log_path.rsplit("/", 1)[0])
+
+
+def _log(command: NodeCommand) -> str:
+    return remote_path(command.log_path)
+
+
+def start_command(command: NodeCommand) -> str:
+    """The shell line that starts one command detached, output appended to its log.
+
+    Secrets (the API key) are read from stdin, one line each, and exported: the vLLM
+    process inherits them without their values on any command line.
+    """
+    d, log = _dir(command), _log(command)
+    line = command.shell(redact=False, exported=True)
+    secrets = exports([*command.secrets, *command.secret_env_names])
+    if command.container is None:
+        run = f"setsid nohup env {line}"
+    else:  # the client stays on the node, so the log stays on the node's disk
+        run = f"setsid nohup {line}"
+    return (f"{secrets}mkdir -p {d} && {rotate_command(log)} && cd {d} && "
+            f"{{ {run} >> {log} 2>&1 < /dev/null & {record_session(d + '/vllm.pid')}; }} && echo started")
+
+
+KEPT_LOGS = 3
+
+
+def rotate_command(log: str, keep: int = KEPT_LOGS) -> str:
+    """The last start's log becomes LOG.1 (LOG.1 -> LOG.2 ...), never truncated: when a start
+    follows a crash, the crash is what LOG.1 holds."""
+    shifts = "; ".join(f"if [ -f {log}.{i} ]; then mv -f {log}.{i} {log}.{i + 1}; fi" for i in range(keep - 1, 0, -1))
+    return f"{{ if [ -s {log} ]; then {shifts}; mv -f {log} {log}.1; fi; : > {log}; }}"
+
+
+def secret_values(command: NodeCommand) -> str | None:
+    """The stdin that `start_command` reads: each secret's value from this machine's environment,
+    then the inventory's secret variables (HF_TOKEN, ...)."""
+    if not command.secrets and not command.secret_env_names:
+        return None
+    lines = []
+    for local in command.secrets.values():
+        value = os.environ.get(local)
+        if not value:
+            raise ServeError(f"model.api_key_env names {local}, which is not set here; vLLM was not started\n"
+                             f"  hint: export {local}=<the key> in this shell and run again")
+        if "\n" in value or "\r" in value:
+            raise ServeError(f"the value of {local} holds a line break; an API key is one line")
+        lines.append(value + "\n")
+    try:
+        lines.append(stdin_lines({k: command.env[k] for k in command.secret_env_names}))
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
+    return "".join(lines)
+
+
+def api_key(plan: ServePlan) -> str | None:
+    """The API key the server expects (from this machine's environment), if it wants one."""
+    return next((os.environ.get(name) or None for name in plan.secret_env), None)
+
+
+def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
+    """Shell that stops this command's vLLM on its node and exits 0 once none of it is left.
+
+    In a container, vLLM is a child of the container, not of the `docker exec` client in our
+    session: the client forwards no signal (docker/cli#5309), so vLLM is stopped in there first.
+    """
+    record = (RECORD,) if command.is_head else ()
+    session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record)
+    if command.container is None:
+        return session
+    inside = shlex.join(["docker", "exec", command.container, "python3", "-c", _STOP_IN_CONTAINER,
+                         IN_CONTAINER, str(grace_s)])
+    return (f"if docker ps -q --filter name=^{command.container}$ | grep -q .; then {inside} || exit 1; fi; "
+            f"{session}")
+
+
+def running(node: Node, command: NodeCommand) -> bool:
+    d = _dir(command)
+    result = node.run(f"{session_of(d + '/vllm.pid')}; [ -n \"$sid\" ] && pgrep -s \"$sid\" >/dev/null",
+                      timeout=20)
+    return result.ok
+
+
+def start(fleet: Fleet, plan: ServePlan) -> None:
+    """Start every command in launch order (mp workers first, the head last), and record on the
+    head what they were started with (`running_record`)."""
+    stdin = {c.node: secret_values(c) for c in plan.commands}  # a missing key stops it before anything runs
+    for command in plan.commands:
+        node = fleet.node(command.node)
+        if running(node, command):
+            raise ServeError(f"{command.node}: vLLM of this cluster already runs there\n"
+                             "  hint: `spark-cluster down` first, or `status` to see it")
+        result = node.run(start_command(command), timeout=60, stdin=stdin[command.node])
+        if not result.ok:
+            raise ServeError(f"{command.node}: vLLM did not start: "
+                             f"{result.tail('stderr', 5) or result.tail('stdout', 5)}")
+    record = shlex.quote(json.dumps(launch_record(plan)))
+    fleet.node(plan.head.node).run(f"printf '%s\\n' {record} > {_dir(plan.head)}/{RECORD}", timeout=20)
+
+
+def running_record(node: Node, plan: ServePlan) -> dict | None:
+    """What the running vLLM was started with, as `start` recorded it (None: no record)."""
+    result = node.run(f"cat {_dir(plan.head)}/{RECORD} 2>/dev/null", timeout=20)
+    try:
+        return json.loads(result.stdout) if result.ok and result.stdout.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def stop(fleet: Fleet, plan: ServePlan) -> dict[str, str | Exception]:
+    def one(node: Node) -> str:
+        for command in plan.commands:
+            if command.node == node.name:
+                if not node.run(stop_command(command), timeout=60).ok:
+                    raise ServeError(f"{node.name}: vLLM did not stop")
+        return "stopped"
+
+    return dict(Fleet([fleet.node(c.node) for c in plan.commands]).map(one))
+
+
+
+def log_tail(fleet: Fleet, plan: ServePlan, lines: int = 50, rotated: int = 0) -> str:
+    """The last lines of the head's vLLM log (`rotated`: of LOG.N, a start before the last)."""
+    path = _log(plan.head) + (f".{int(rotated)}" if rotated else "")
+    return fleet.node(plan.head.node).run(f"tail -n {int(lines)} {path}", timeout=30).stdout

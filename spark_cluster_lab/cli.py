@@ -1,0 +1,129 @@
+"""`spark-cluster lab`: the simulated lab's commands, added to the CLI through its entry point."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+from rich.text import Text
+
+from spark_cluster import ui
+from spark_cluster.core.errors import SparkClusterError
+
+
+@click.group()
+def lab() -> None:
+    """The simulated lab: Sparks as network namespaces with real sshd (needs root)."""
+
+
+@lab.command("up")
+@click.option("--nodes", "count", default=2, show_default=True, help="How many Sparks.")
+@click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the lab's inventory here.")
+@click.option("--engine", type=click.Choice(["real", "emulator"]), default="emulator", show_default=True,
+              help="The vLLM the inventory runs: the real vLLM CPU build, or the emulator.")
+@click.option("--cache-size", default="1g", show_default=True, metavar="SIZE",
+              help="Each node's HF cache (a tmpfs in memory), e.g. 3g for a 2 GB checkpoint.")
+@click.option("--reboot-seconds", type=click.FloatRange(0, 3600), default=None,
+              help="How long a node stays down when it reboots (default 60: a Spark takes a "
+                   "minute or more); changes a running lab's too.")
+def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str, reboot_seconds: float | None) -> int:
+    """Create the simulated Sparks, start their sshd, write key and known_hosts."""
+    from spark_cluster_lab import lab as simlab
+
+    started = time.monotonic()
+    lab_, created = simlab.up(count, inventory_out, engine=engine, cache_size=cache_size,
+                              reboot_s=reboot_seconds)
+    verb = "up" if created else "already up"
+    ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
+    for node in lab_.nodes:
+        ui.console.print(f"  {node.name}  {node.address}  namespace {node.namespace}")
+    ui.console.print(f"  key {lab_.identity}, known_hosts {lab_.known_hosts}")
+    if inventory_out is not None:
+        ui.console.print(f"  inventory written to {inventory_out} (engine: {engine})")
+    return 0
+
+
+@lab.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def lab_status(as_json: bool) -> int:
+    """Does each node answer over SSH, and what is broken on it."""
+    from spark_cluster_lab import lab as simlab
+    from spark_cluster_lab.report import lab_report
+
+    simlab.require_root()
+    current = simlab.load_lab()
+    if current is None:
+        raise SparkClusterError("no lab is up\n  hint: spark-cluster lab up")
+    reports = lab_report(current)
+    _print_status(reports, as_json)
+    return 0 if all(r.healthy for r in reports) else 1
+
+
+@lab.command("break")
+@click.argument("node")
+@click.argument("fault")
+def lab_break(node: str, fault: str) -> int:
+    """Break NODE the way a real Spark breaks (see `lab faults`)."""
+    from spark_cluster_lab import lab as simlab
+    from spark_cluster_lab.breakage import break_node
+
+    ui.console.print(break_node(_current_lab(simlab), node, fault))
+    return 0
+
+
+@lab.command("heal")
+@click.argument("node")
+def lab_heal(node: str) -> int:
+    """Undo every fault on NODE."""
+    from spark_cluster_lab import lab as simlab
+    from spark_cluster_lab.breakage import heal_node
+
+    ui.console.print(heal_node(_current_lab(simlab), node))
+    return 0
+
+
+@lab.command("faults")
+def lab_faults() -> int:
+    """List the faults `lab break` can inject."""
+    from spark_cluster_lab.faults import FAULTS
+
+    for fault in FAULTS:
+        ui.console.print(fault)
+    return 0
+
+
+@lab.command("down")
+def lab_down() -> int:
+    """Stop every lab process and remove its namespaces, links and files."""
+    from spark_cluster_lab import lab as simlab
+
+    problems = simlab.down()
+    if problems:
+        raise SparkClusterError("lab down left things behind:\n  " + "\n  ".join(problems))
+    ui.console.print("lab down: no namespace, process, link or file of the lab is left")
+    return 0
+
+
+def _current_lab(simlab):  # noqa: ANN001, ANN202 - the lazily imported module
+    simlab.require_root()
+    current = simlab.load_lab()
+    if current is None:
+        raise SparkClusterError("no lab is up\n  hint: spark-cluster lab up")
+    return current
+
+
+def _print_status(reports: Sequence, as_json: bool) -> None:
+    if as_json:
+        ui.console.out(json.dumps([r.as_dict() for r in reports], indent=2))
+        return
+    header = ("node", "address", "ssh", "kernel", "faults", "nvidia-smi")
+    rows = [(r.name, r.address, r.ssh, r.kernel, ", ".join(r.faults) or "-", r.gpu) for r in reports]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for n, row in enumerate([header, *rows]):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths)] + [row[-1]]
+        style = "bold" if n == 0 else ("green" if row[2] == "ok" else "red")
+        ui.console.print(Text("  ".join(cells), style=style))

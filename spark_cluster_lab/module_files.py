@@ -1,0 +1,46 @@
+"""The node's /lib/modules (bound over the system's in the lab): the nvidia.ko each installed module
+package (or NVIDIA's .run installer) put there, and the `build` link kernel headers give, so that
+`find /lib/modules -name 'nvidia.ko*'` and `[ -e /lib/modules/$(uname -r)/build ]` see what the
+node's packages say."""
+
+from __future__ import annotations
+
+import shutil
+
+from spark_cluster_lab.state import KERNELS, module_source
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from spark_cluster_lab.layout import NodePaths
+
+
+def lib_modules(paths: NodePaths):  # noqa: ANN201 - a Path; pathlib is imported by the caller
+    return paths.root / "lib-modules"
+
+
+def render_modules(state: dict[str, Any], paths: NodePaths) -> None:
+    top = lib_modules(paths)
+    top.mkdir(parents=True, exist_ok=True)
+    want: set[str] = set()
+    for kver in KERNELS:
+        if f"linux-image-{kver}" not in state["packages"]:
+            continue
+        source = module_source(state, kver)
+        if source:
+            want.add(f"{kver}/{source[2]}")
+        if f"linux-headers-{kver}" in state["packages"]:
+            want.add(f"{kver}/build/Makefile")
+    have = {str(p.relative_to(top)) for p in top.rglob("*") if p.is_file()}
+    for rel in have - want:
+        (top / rel).unlink()
+    for rel in want - have:
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_text("")
+    for kdir in list(top.iterdir()):
+        for d in sorted((p for p in kdir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            if not any(d.iterdir()):
+                d.rmdir()
+        if kdir.is_dir() and not any(kdir.iterdir()):
+            shutil.rmtree(kdir)

@@ -1,0 +1,464 @@
+"""A TEST DOUBLE of `vllm serve` (vLLM 0.19.0) for spark-cluster's lab: `python -m
+spark_cluster_lab.vllm_emulator serve MODEL [ARGS]`.
+
+What is real: argument parsing with vLLM's flag names (`vllm_args`), the HF-cache model lookup,
+`ray.init` against the running cluster, a PACK placement group of TP×PP `{"GPU": 1}` bundles, the
+driver's bundles first (vLLM 0.33's Ray executor), one Ray actor of class `RayWorkerProc` per bundle
+(`num_cpus=0, num_gpus=1`) that reads its 1/world share of every safetensors shard from its own
+node's disk in chunks, paced by `SPARK_LAB_LOAD_MBPS` (MB/s, default 200), and the HTTP server of
+`vllm_api.serve_api`. What is modelled: everything GPU (compile, KV cache, CUDA graphs).
+
+The log lines are vLLM 0.19.0's: `LEVEL MM-DD HH:MM:SS [file.py:NN] msg`
+on stdout; every line of this process carries `(APIServer pid=N) ` or `(EngineCore pid=N) ` as 0.19's
+`decorate_logs` does (the engine runs in this same process here, so both pids are this one's);
+worker lines arrive through Ray's own log forwarding as `(RayWorkerProc pid=W[, ip=X]) (Worker_TP1 pid=W) …`;
+the Ray executor follows 0.33: each rank gets the driver's whole environment less the non-carry-over
+list, applied with setdefault, and a rank's error reaches the driver as a `RayTaskError`;
+the rank-0 worker prints the tqdm shard bar on stderr in tqdm's non-TTY form.
+Executors: Ray, a single-GPU `uni`/`mp` run, and vLLM's own multi-node mode (`--nnodes N
+--node-rank R --master-addr A --master-port P`, `--headless` on ranks > 0: the `mp` executor across
+nodes, no Ray), whose rendezvous, headless side and log lines live in `vllm_mp` (its docstring says
+which lines are vLLM's and which are modelled). The ranks are `vllm_worker.Worker`s, wrapped per executor:
+`RayWorkerProc` (a Ray actor), `vllm_mp.MpWorker` (a thread logging as `(Worker_TP1 pid=N)`).
+
+Memory: each rank records itself on its own lab node (node_memory) as a GPU process, named as
+nvidia-smi names vLLM's (`ray::RayWorkerProc`; `VLLM::EngineCore` for the in-process engine;
+`VLLM::Worker_TP1` for an mp rank):
+its share so far of the weights while it loads, then --gpu-memory-utilization × the node's total
+memory once the KV cache is sized; freed at shutdown, forgotten once its process is gone.
+
+Environment: `VLLM_LOG_STATS_INTERVAL` (seconds between vLLM's throughput lines while busy,
+default 10), `SPARK_LAB_LOAD_MBPS`, `SPARK_LAB_WEIGHTS_GIB` (the GiB each rank reports instead of
+the bytes it read), `SPARK_LAB_RATE_SCALE`, `SPARK_LAB_LOCAL_GPUS` (GPUs "visible" here, default 1),
+`SPARK_LAB_COMPILE_S` (seconds of torch.compile per rank, default 1; CUDA graphs take half),
+`SPARK_LAB_ROOT` (where the lab's nodes live), `VLLM_API_KEY` (the API key when `--api-key` is absent),
+`VLLM_CONFIG_ROOT` (where `ray_non_carry_over_env_vars.json` is read, default ~/.config/vllm),
+`VLLM_HOST_IP`, `RAY_ADDRESS`, and `SPARK_LAB_FAULT`:
+`crash-at:P` (rank 1 raises at P % of its load), `nccl`, `cuda-oom`, `kv-cache`, `hang`
+(stops at half the load, prints nothing more, keeps running), `silent-death` (exit 137 after
+loading, no error line); in mp mode as `vllm_mp` says, with `SPARK_LAB_MP_TIMEOUT_S`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from spark_cluster_lab import node_memory, vllm_args
+from spark_cluster_lab.vllm_worker import (  # noqa: F401 - vllm_mp and the tests reach them here too
+    CHUNK,
+    PREFIX,
+    VERSION,
+    EngineFailed,
+    RayWorkerProc,
+    Worker,
+    _host_ip,
+    bar_line,
+    compile_seconds,
+    driver_env_vars,
+    fatal_traceback as _fatal_traceback,
+    hub_dir,
+    invalid_repo_message,
+    log,
+    non_carry_over,
+    resolve_model,
+    shard_files,
+)
+
+
+class _Terminated(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- engine
+
+def _engine_config_str(args: argparse.Namespace, served: str, max_len: int, backend: str) -> str:
+    return (f"model='{args.model}', speculative_config=None, tokenizer='{args.tokenizer or args.model}', "
+            f"skip_tokenizer_init=False, tokenizer_mode=auto, revision={args.revision}, "
+            f"trust_remote_code={args.trust_remote_code}, dtype=torch.float16, max_seq_len={max_len}, "
+            f"download_dir={args.download_dir!r}, load_format={args.load_format}, "
+            f"tensor_parallel_size={args.tensor_parallel_size}, "
+            f"pipeline_parallel_size={args.pipeline_parallel_size}, data_parallel_size={args.data_parallel_size}, "
+            f"disable_custom_all_reduce=False, quantization={args.quantization}, "
+            f"enforce_eager={args.enforce_eager}, kv_cache_dtype={args.kv_cache_dtype}, device_config=cuda, "
+            f"distributed_executor_backend={backend}, seed={args.seed}, served_model_name={served}, "
+            f"enable_prefix_caching=True, enable_chunked_prefill=True")
+
+
+PG_WAIT_TIMEOUT = 1800  # seconds; a constant in vllm/v1/executor/ray_utils.py, no variable sets it
+
+
+class Engine:
+    def __init__(self, args: argparse.Namespace, snapshot: Path, backend: str, world: int) -> None:
+        self.args, self.snapshot, self.backend, self.world = args, snapshot, backend, world
+        self.fault = os.environ.get("SPARK_LAB_FAULT", "")
+        self.pg: Any = None
+        self.workers: list[Any] = []
+        self.ray_up = False
+        self.local_worker: Worker | None = None
+        self.mp: Any = None  # vllm_mp.MpExecutor, the head of an mp run across nodes
+        self.on_signal: Any = None
+        self.max_len = 8192
+        self.t_init = time.monotonic()
+
+    # The placement group, as vllm/v1/executor/ray_utils.py (0.33) builds it: `{GPU: 1}` x world,
+    # PACK, no bundle pinned to the driver's node (the driver's bundles are put first afterwards).
+    def _placement_group(self, ray: Any) -> Any:
+        from ray.util.placement_group import placement_group
+        local_gpus = int(os.environ.get("SPARK_LAB_LOCAL_GPUS", "1"))
+        if self.world > local_gpus:
+            log("WARNING", "ray_utils.py:293", f"Tensor parallel size ({self.world}) exceeds available GPUs "
+                f"({local_gpus}). This may result in Ray placement group allocation failures. Consider reducing "
+                f"tensor_parallel_size to {local_gpus} or less, or ensure your Ray cluster has {self.world} GPUs "
+                "available.")
+        log("INFO", "ray_utils.py:358", "No current placement group found. Creating a new placement group.")
+        if self.world > ray.cluster_resources().get("GPU", 0):
+            log("WARNING", "ray_utils.py:364", "The number of required GPUs exceeds the total number of available "
+                "GPUs in the placement group.")
+        specs: list[dict[str, float]] = [{"GPU": 1.0} for _ in range(self.world)]
+        pg = placement_group(specs, strategy="PACK")
+        self.pg = pg
+        timeout = PG_WAIT_TIMEOUT
+        start = time.time()
+        interval = 10.0
+        ref = pg.ready()
+        while True:
+            ready, _ = ray.wait([ref], timeout=min(interval, max(0.0, timeout - (time.time() - start))))
+            if ready:
+                break
+            elapsed = time.time() - start
+            if elapsed >= timeout:
+                raise ValueError(f"Cannot provide a placement group requiring {self.world} GPUs "
+                                 f"(placement_group_specs={specs}) within {timeout:.0f} seconds.\n"
+                                 "Tensor parallel size may exceed available GPUs in your cluster. Check resources "
+                                 "with `ray status` and `ray list nodes`.\nIf running on K8s with limited GPUs, "
+                                 "consider reducing --tensor-parallel-size to match available GPU resources.")
+            log("INFO", "ray_utils.py:223", f"Waiting for creating a placement group of specs for {elapsed:.0f} "
+                f"seconds. specs={specs}. Check `ray status` and `ray list nodes` to see if you have enough "
+                "resources, and make sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP "
+                "environment variable specified in each node if you are running on a multi-node.")
+            interval *= 2
+        return pg
+
+    def _bundle_nodes(self, ray: Any) -> list[tuple[int, str]]:
+        """(bundle index, node id) with the driver's node first: 0.33 `get_bundles_sorted_by_node`."""
+        from ray.util.placement_group import placement_group_table
+        table = placement_group_table(self.pg)
+        driver = ray.get_runtime_context().get_node_id()
+        bundles = [(i, table["bundles_to_node_id"][i]) for i in range(self.world)]
+        return sorted(bundles, key=lambda b: (0 if b[1] == driver else 1, b[1]))
+
+    def start_workers(self) -> list[Any]:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        addr = os.environ.get("RAY_ADDRESS") or "auto"
+        ray.init(address=addr, log_to_driver=True)
+        self.ray_up = True
+        if self.on_signal is not None:  # ray.init installs its own SIGTERM handler; ours shuts down cleanly
+            signal.signal(signal.SIGTERM, self.on_signal)
+            signal.signal(signal.SIGINT, self.on_signal)
+        pg = self._placement_group(ray)
+        bundles = self._bundle_nodes(ray)
+        spans = len({node for _, node in bundles}) > 1
+        if spans:
+            log("WARNING", "ray_utils.py:77", f"tensor_parallel_size={self.world} is bigger than a reserved number "
+                f"of GPUs (1 GPUs) in a node {bundles[0][1]}. Tensor parallel workers can be spread out to 2+ "
+                "nodes which can degrade the performance unless you have fast interconnect across nodes, like "
+                "Infiniband. To resolve this issue, make sure you have more than "
+                f"{self.world} GPUs available at each node.")
+        from spark_cluster_lab.vllm_mp import worker_name  # vllm_mp imports this module
+
+        cls = ray.remote(RayWorkerProc)
+        # 0.33 get_driver_env_vars: the driver's whole environment but the worker-specific names and
+        # the non-carry-over list, sent as a task argument and applied with setdefault.
+        driver_env = driver_env_vars(os.environ, non_carry_over())
+        args, instance = self.args, os.urandom(4).hex()
+        self.workers = []
+        for rank, (bundle, _) in enumerate(bundles):
+            name = worker_name(rank, args.tensor_parallel_size, args.pipeline_parallel_size,
+                               args.enable_expert_parallel)
+            actor = f"vllm_Worker_{instance}" + (f"_TP{rank % args.tensor_parallel_size}"
+                                                 if args.tensor_parallel_size > 1 else "")
+            self.workers.append(
+                cls.options(name=actor, num_cpus=0, num_gpus=1, max_concurrency=2,
+                            runtime_env={"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}},
+                            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                placement_group=pg, placement_group_bundle_index=bundle,
+                                placement_group_capture_child_tasks=True))
+                .remote(rank, self.world, str(self.snapshot), args.model, self.fault, spans,
+                        args.attention_backend, name=name))
+        ray.get([w.initialize_worker.remote(driver_env) for w in self.workers])
+        return ray.get([w.init_device.remote() for w in self.workers])
+
+    def _ray_call(self, method: str, *a: Any) -> list[Any]:
+        import ray
+        refs = [getattr(w, method).remote(*a) for w in self.workers]
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, timeout=0.2)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except Exception as e:  # RayTaskError / ActorDiedError
+                    raise EngineFailed(e) from e
+        return ray.get(refs)
+
+    def run(self) -> None:
+        args, world = self.args, self.world
+        mbps = float(os.environ.get("SPARK_LAB_LOAD_MBPS", "200"))
+        gib_env = os.environ.get("SPARK_LAB_WEIGHTS_GIB")
+        weights_gib = float(gib_env) if gib_env else None
+        if self.mp is not None:  # vLLM's own multi-node mode: this node's ranks, the others over TCP
+            self.mp.run(self.max_len)
+        elif self.backend == "ray":
+            self.start_workers()
+            self._ray_call("load_model", mbps, weights_gib)
+            PREFIX.wait_for("Model loading took", world, 7.0)  # Ray forwards worker lines a moment later
+            if self.fault == "silent-death":
+                os._exit(137)
+            self._ray_call("compile_and_profile", self.max_len, args.gpu_memory_utilization,
+                           args.kv_cache_memory_bytes, args.enforce_eager)
+            PREFIX.wait_for("Available KV cache memory", world, 7.0)
+        else:
+            worker = Worker(0, 1, str(self.snapshot), args.model, self.fault, False,
+                            args.attention_backend, process=node_memory.ENGINE_CORE)
+            self.local_worker = worker
+            try:
+                worker.load_model(mbps, weights_gib)
+                if self.fault == "silent-death":
+                    os._exit(137)
+                worker.compile_and_profile(self.max_len, args.gpu_memory_utilization,
+                                           args.kv_cache_memory_bytes, args.enforce_eager)
+            except RuntimeError as e:
+                raise EngineFailed(e) from e
+        if self.fault == "kv-cache":
+            raise EngineFailed(ValueError(
+                "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                "initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
+                "for more details."))
+        tokens = 643232
+        # One line since 0.2x (vllm/v1/core/kv_cache_utils.py, 0.32).
+        log("INFO", "kv_cache_utils.py:2327", f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_len:,} tokens per request: {tokens / self.max_len:.2f}x")
+        if not args.enforce_eager:
+            began = time.monotonic()
+            for mode, sizes in (("mixed prefill-decode, PIECEWISE", 67), ("decode, FULL", 35)):
+                time.sleep(compile_seconds() / 2 * sizes / 102)
+                took = time.monotonic() - began
+                sys.stderr.write(f"Capturing CUDA graphs ({mode}): 100%|██████████| {sizes}/{sizes} "
+                                 f"[00:{took:02.0f}<00:00, {sizes / max(took, 1e-3):.2f}it/s]\n")
+                sys.stderr.flush()
+            log("INFO", "gpu_model_runner.py:6047", f"Graph capturing finished in "
+                f"{round(time.monotonic() - began)} secs, took 0.84 GiB")
+        compiled = "" if args.enforce_eager else f" (compilation: {compile_seconds():.2f} s)"
+        log("INFO", "core.py:402", f"init engine (profile, create kv cache, warmup model) took "
+            f"{time.monotonic() - self.t_init:.2f} s{compiled}")
+
+    def shutdown(self, ok: bool = True) -> None:
+        """Stop the executor and free the ranks' memory; `ok` False: the engine failed (the other
+        nodes of an mp run are told so, and exit non-zero)."""
+        if self.local_worker is not None:
+            self.local_worker.release_memory()
+        if self.mp is not None:
+            self.mp.shutdown(ok)
+        if not self.ray_up:
+            return
+        import ray
+        from ray.util.placement_group import remove_placement_group
+        # ray.kill ends an actor without running its exit handlers: each frees its memory first.
+        with contextlib.suppress(Exception):
+            if self.workers:
+                ray.wait([w.release_memory.remote() for w in self.workers], num_returns=len(self.workers),
+                         timeout=5.0)
+        for w in self.workers:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(w)
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.pg)
+        ray.shutdown()
+        self.ray_up = False
+
+
+# --------------------------------------------------------------------------- main
+
+def _logo(model: str) -> None:
+    if os.environ.get("VLLM_DISABLE_LOG_LOGO") == "1":
+        log("INFO", "utils.py:277", f"vLLM server version {VERSION}, serving model {model}")
+        return
+    art = ["       █     █     █▄   ▄█", f" ▄▄ ▄█ █     █     █ ▀▄▀ █  version {VERSION}",
+           f"  █▄█▀ █     █     █     █  model   {model}", "   ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀", ""]
+    log("INFO", "utils.py:277", "\n".join(art))
+
+
+def api_keys(flag: str | list[str] | None, environ: dict[str, str] | None = None) -> list[str]:
+    """The keys the API server demands on /v1: `--api-key` if given, else $VLLM_API_KEY; empty ones
+    dropped (vLLM's `[key for key in (args.api_key or [envs.VLLM_API_KEY]) if key]`)."""
+    env = os.environ if environ is None else environ
+    given = [flag] if isinstance(flag, str) else list(flag or [])
+    return [k for k in (given or [env.get("VLLM_API_KEY")]) if k]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = vllm_args.parse(argv)  # argparse exits 2 by itself
+    PREFIX.install()
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        if not serving["up"]:
+            raise _Terminated()
+
+    serving: dict[str, Any] = {"up": False}
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    from spark_cluster_lab import vllm_mp
+
+    served = (args.served_model_name or [args.model])[0]
+    if args.headless:
+        PREFIX.name = ""  # run_headless never decorates its process's lines
+    else:
+        _logo(args.model)
+    log("INFO", "utils.py:233", f"non-default args: {vllm_args.non_default_args(args)}")
+    if args.enforce_eager:  # today's vLLM (0.32), while it builds the config: every node, headless too
+        log("WARNING", "vllm.py:1703", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel "
+            "warmup. This is equivalent to setting -cc.mode=none -cc.cudagraph_mode=none and "
+            "--kernel_config.enable_jit_warmup=False")
+    world = args.tensor_parallel_size * args.pipeline_parallel_size
+    local_gpus = int(os.environ.get("SPARK_LAB_LOCAL_GPUS", "1"))
+    backend = args.distributed_executor_backend
+    try:
+        multinode = vllm_mp.check_args(args, world)
+        if multinode:
+            backend = "mp"
+        elif backend is None:
+            if world > local_gpus:
+                raise ValueError(
+                    f"World size ({world}) is larger than the number of available GPUs ({local_gpus}) in this "
+                    "node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend "
+                    "ray'.\n- multiprocessing, set '--nnodes' appropriately.")
+            backend = "uni" if world == 1 else "mp"
+        if backend in ("mp", "external_launcher") and world > 1 and not multinode:
+            raise ValueError(f"This vLLM test double does not emulate the '{backend}' executor with world size "
+                             f"{world}; use '--distributed-executor-backend ray'.")
+        snapshot = resolve_model(args.model, args.download_dir, args.revision)
+        if snapshot is None:
+            raise ValueError(invalid_repo_message(args.model))
+    except (ValueError, AssertionError) as e:
+        _fatal_traceback(e)
+        return 1
+
+    config = json.loads((snapshot / "config.json").read_text())
+    max_len = args.max_model_len if args.max_model_len and args.max_model_len > 0 else int(
+        config.get("max_position_embeddings", 8192))
+    arch = (config.get("architectures") or ["LlamaForCausalLM"])[0]
+    if args.headless:  # a node of rank > 0: its ranks only, no API server, no port of its own
+        log("INFO", "model.py:547", f"Resolved architecture: {arch}")
+        log("INFO", "model.py:1510", f"Using max model len {max_len}")
+        return vllm_mp.run_headless(args, snapshot, world, max_len)
+    host = args.host or "0.0.0.0"
+    # 0.19 binds the port now but listens only when uvicorn starts: connections are refused meanwhile.
+    reserve = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        reserve.bind((host, args.port))
+    except OSError as e:
+        _fatal_traceback(OSError(e.errno, f"[Errno {e.errno}] error while attempting to bind on address "
+                                 f"('{host}', {args.port}): {e.strerror}"))
+        return 1
+    log("INFO", "model.py:547", f"Resolved architecture: {arch}")
+    log("INFO", "model.py:1510", f"Using max model len {max_len}")
+    batched = args.max_num_batched_tokens or 8192
+    log("INFO", "scheduler.py:205", f"Chunked prefill is enabled with max_num_batched_tokens={batched}.")
+
+    engine = Engine(args, snapshot, backend, world)
+    engine.max_len = max_len
+    engine.on_signal = on_signal
+    holder: dict[str, Any] = {"server": None}
+    if multinode:
+        engine.mp = vllm_mp.MpExecutor(args, snapshot, world, engine.fault)
+
+        def engine_died() -> None:  # a headless node died while serving: /health 503, then exit 1
+            serving["rc"] = 1
+            if holder["server"] is not None:
+                holder["server"].engine.dead = True
+            threading.Timer(2.0, stop.set).start()
+
+        engine.mp.on_dead = engine_died
+    PREFIX.name = "EngineCore"
+    server = None
+    try:
+        try:
+            log("INFO", "core.py:106", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
+                + _engine_config_str(args, served, max_len, backend))
+            engine.run()
+        except (EngineFailed, ValueError) as e:
+            root = e.__cause__ or e
+            if isinstance(root, EngineFailed) and root.args and isinstance(root.args[0], BaseException):
+                root = root.args[0]
+            if engine.workers:  # let Ray forward the failing worker's own error lines first
+                PREFIX.wait_for("This might cause deadlock", 1, 5.0)
+            log("ERROR", "core.py:1108", "EngineCore failed to start.")
+            _fatal_traceback(root)
+            engine.shutdown(ok=False)
+            PREFIX.name = "APIServer"
+            _fatal_traceback(RuntimeError("Engine core initialization failed. See root cause above. "
+                                          "Failed core proc(s): {'EngineCore': 1}"))
+            return 1
+        PREFIX.name = "APIServer"
+        from spark_cluster_lab.vllm_api import TokenRate, serve_api
+        log("INFO", "api_server.py:590", "Supported tasks: ['generate']")
+        reserve.close()
+        server = serve_api(host, args.port, served, max_model_len=max_len,
+                           api_key=api_keys(args.api_key) or None,
+                           max_num_seqs=args.max_num_seqs or 256,
+                           rate=TokenRate(scale=float(os.environ.get("SPARK_LAB_RATE_SCALE", "1"))),
+                           stats_log=lambda line: log("INFO", "loggers.py:257", line),
+                           stats_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")))
+        holder["server"] = server
+        log("INFO", "api_server.py:594", f"Starting vLLM server on http://{host}:{args.port}")
+        log("INFO", "launcher.py:37", "Available routes are:")
+        for route, methods in (("/health", "GET"), ("/ping", "GET, POST"), ("/load", "GET"),
+                               ("/version", "GET"), ("/metrics", "GET"), ("/v1/models", "GET"),
+                               ("/v1/chat/completions", "POST"), ("/v1/completions", "POST")):
+            log("INFO", "launcher.py:46", f"Route: {route}, Methods: {methods}")
+        sys.stderr.write(f"INFO:     Started server process [{os.getpid()}]\n")
+        sys.stderr.write("INFO:     Waiting for application startup.\n")
+        sys.stderr.write("INFO:     Application startup complete.\n")
+        sys.stderr.flush()
+        serving["up"] = True
+        while not stop.wait(0.5):
+            pass
+        sys.stderr.write("INFO:     Shutting down\n")
+        server.shutdown()
+        sys.stderr.write("INFO:     Waiting for application shutdown.\n")
+        sys.stderr.write("INFO:     Application shutdown complete.\n")
+        sys.stderr.write(f"INFO:     Finished server process [{os.getpid()}]\n")
+        sys.stderr.flush()
+        return int(serving.get("rc", 0))
+    except _Terminated:
+        return 0
+    finally:
+        reserve.close()
+        PREFIX.name = "EngineCore"
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    # Run the module's canonical copy (not this `__main__` one): vllm_mp imports it, and the log
+    # prefixer and worker classes must be the same objects for both.
+    import importlib
+    sys.exit(importlib.import_module("spark_cluster_lab.vllm_emulator").main())

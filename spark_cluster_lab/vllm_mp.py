@@ -1,0 +1,592 @@
+"""vLLM's own multi-node mode (the `mp` executor across nodes), for the lab's vLLM TEST DOUBLE.
+
+    node 1..N-1:  vllm serve MODEL ... --nnodes N --node-rank R --master-addr A --master-port P --headless
+    node 0:       vllm serve MODEL ... --nnodes N --node-rank 0 --master-addr A --master-port P
+
+world = TP×PP; every node runs world/N local ranks, node R the global ranks R·local … R·local+local-1.
+Node 0 (the head) listens on P (on every address, as torch's TCPStore does), waits for the others,
+runs its own ranks as threads of its process, drives every rank through init_device → load_model →
+compile_and_profile, then serves the API as the Ray path does (vllm_emulator). A headless node runs
+its ranks when the head says so, each reading its share of the shards from ITS OWN node's HF cache
+and holding memory on its own node (process `VLLM::Worker_TP1`); it never serves HTTP.
+
+The wire (stands in for torch.distributed's TCPStore and vLLM's shm/ZMQ message queues): one TCP
+connection per headless node, one JSON object per line.
+    headless → head  {"op": "hello", "node_rank", "nnodes", "world", "model", "host", "pid"}
+    head → headless  {"op": "welcome"} | {"op": "reject", "reason"}
+    head → headless  {"op": "call", "method": "init_device" | "load_model" | "compile_and_profile"}
+    headless → head  {"op": "result", "method", "results"} | {"op": "error", "method", "rank", "error"}
+    head → headless  {"op": "shutdown", "ok": bool}   (ok: orderly stop; not ok: the engine failed)
+A call carries no arguments: each node takes them from its own command line and environment
+(SPARK_LAB_LOAD_MBPS, SPARK_LAB_WEIGHTS_GIB, SPARK_LAB_FAULT), as spark-cluster gives every node both.
+A closed connection is a death: the head fails its engine ("Worker proc VllmWorker-R died
+unexpectedly"); a headless node whose head vanished logs it and exits 1. After {"shutdown", ok}
+a headless node frees its memory and exits 0 (ok) or 1; SIGTERM ends it with 0.
+
+Log lines. vLLM's own (read in vLLM's source: vllm/entrypoints/cli/serve.py run_headless,
+vllm/v1/executor/multiproc_executor.py, vllm/engine/arg_utils.py create_engine_config,
+vllm/config/parallel.py; the copies read are newer than 0.19, and the `[file.py:NN]` line numbers
+here are NOT verified for 0.19):
+    Launching vLLM (v%s) headless multiproc executor, with head node address %s for torch.distributed process group.
+    Launching %d data parallel engine(s) in headless mode, with head node address %s.
+    Reducing Torch parallelism from %d threads to %d to avoid unnecessary CPU contention. ...
+    DP group leader: node_rank=%d, node_rank_within_dp=%d, master_addr=%s, mq_connect_ip=%s (local), ...
+    Worker proc %s died unexpectedly (exit code: %s), shutting down executor.   (VllmWorker-{global rank})
+    WorkerProc hit an exception.                                     (a rank's RPC raised: compile/profile)
+    WorkerProc shutting down.
+    Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+    RuntimeError: Worker failed with error '%s', please check the stack trace above for the root cause
+    EngineCore encountered a fatal error. / AsyncLLM output_handler failed. / EngineDeadError: EngineCore encountered an issue. ...
+    AssertionError: world_size=%d must be divisible by nnodes=%d.   AssertionError: node_rank=%d must be less than nnodes=%d.
+    ValueError: nnodes > 1 can only be set when distributed executor backend is mp, uni or external_launcher.
+and the rank prefix `(Worker_TP1 pid=N) ` (decorate_logs with Worker[_PP{p}][_TP{t}][_EP{e}],
+setup_proc_title_and_log_prefix), nvidia-smi's process name `VLLM::Worker_TP1` (set_process_title).
+Torch's c10d texts, from memory, not read here: `DistNetworkError: The server socket has failed to
+listen on any local network address. ...`, `DistStoreError: Timed out after %d seconds waiting for
+clients. %d/%d clients joined.`, `DistNetworkError: The client socket has timed out after %dms while
+trying to connect to (%s, %d).`, `[c10d] The client socket has failed to connect to [%s]:%d (errno:
+111 - Connection refused).`
+MODELLED (no such line in vLLM): the head's "Waiting for … headless node(s) to join …" lines (vLLM
+waits silently inside torch's TCPStore); a headless node's "Lost the connection to the head node …"
+and "The head node at … stopped the engine …" lines; the refusals of what this double does not
+emulate (uni/external_launcher or DP>1 across nodes, a non-headless node of rank > 0, headless on
+rank 0). A rank's LOAD failure logs worker_base's "Error executing method 'load_model'. …" line
+(the Ray path's) where real mp logs "WorkerProc failed to start." from worker_main: kept so that a
+node's own log names the root error, not a generic engine death, to spark-cluster's tracker; and
+that node does not log multiproc's own "Worker proc … died unexpectedly" for its dead rank.
+All the ranks of one node share its pid here (threads), where vLLM has one process per rank.
+
+Faults (SPARK_LAB_FAULT, each node its own): crash-at:P and cuda-oom strike the first rank of the
+LAST node; nccl fails every rank's compile/profile; kv-cache fails the head's engine; hang stops
+every rank at half its load; silent-death: the head exits 137 after loading, without a word.
+Timeouts: SPARK_LAB_MP_TIMEOUT_S (default 600): the head's wait for the others to join, and a
+headless node's attempts to reach the head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from spark_cluster_lab import vllm_emulator as emu
+
+DEFAULT_TIMEOUT_S = 600.0
+DP_RPC_PORT = 29550  # vLLM's data_parallel_rpc_port default
+INIT_METHODS = ("init_device", "load_model")  # run while WorkerProc starts (before READY)
+WHERE_HEADLESS = "serve.py:186"
+WHERE_MP = "multiproc_executor.py"
+
+
+def timeout_s() -> float:
+    return float(os.environ.get("SPARK_LAB_MP_TIMEOUT_S", str(DEFAULT_TIMEOUT_S)))
+
+
+# --------------------------------------------------------------------------- arguments
+
+def check_args(args: argparse.Namespace, world: int) -> bool:
+    """True for a run across nodes (--nnodes > 1 or --headless). Raises what vLLM raises for a
+    bad combination (AssertionError/ValueError, as create_engine_config and ParallelConfig do), and
+    ValueError for what this double does not emulate."""
+    if args.nnodes <= 1 and not args.headless:
+        return False
+    total = world * args.data_parallel_size
+    if args.nnodes > 1:
+        if total % args.nnodes:
+            raise AssertionError(f"world_size={total} must be divisible by nnodes={args.nnodes}.")
+        if args.node_rank >= args.nnodes:
+            raise AssertionError(f"node_rank={args.node_rank} must be less than nnodes={args.nnodes}.")
+        backend = args.distributed_executor_backend or "mp"
+        if backend not in ("mp", "uni", "external_launcher"):
+            raise ValueError("nnodes > 1 can only be set when distributed executor backend is mp, uni or "
+                             "external_launcher.")
+        if backend != "mp" or args.data_parallel_size > 1:
+            raise ValueError("This vLLM test double emulates --nnodes > 1 only with the 'mp' executor and "
+                             "--data-parallel-size 1.")
+        if args.node_rank < 0:
+            raise ValueError(f"This vLLM test double needs --node-rank in [0, {args.nnodes}); got {args.node_rank}.")
+    if args.headless and (args.nnodes <= 1 or args.node_rank == 0):
+        emu.log("INFO", "serve.py:204", f"Launching {args.data_parallel_size} data parallel engine(s) in headless "
+                f"mode, with head node address tcp://{args.master_addr}:{DP_RPC_PORT}.")
+        raise ValueError("This vLLM test double does not emulate headless data-parallel engines: --headless "
+                         "runs a node of rank > 0 of --nnodes N.")
+    if not args.headless and args.node_rank > 0:
+        raise ValueError(f"This vLLM test double runs node rank {args.node_rank} only with --headless "
+                         "(node rank 0 serves the API).")
+    return True
+
+
+def worker_name(rank: int, tp: int, pp: int, ep: bool) -> str:
+    """vLLM's setup_proc_title_and_log_prefix: Worker[_PP{p}][_TP{t}][_EP{e}] (DP = 1 here)."""
+    name = "Worker"
+    if pp > 1:
+        name += f"_PP{rank // tp}"
+    if tp > 1:
+        name += f"_TP{rank % tp}"
+    if ep:
+        name += f"_EP{rank % tp}"
+    return name
+
+
+def call_args(method: str, args: argparse.Namespace, max_len: int) -> tuple[Any, ...]:
+    """A method's arguments on THIS node: its own environment and command line."""
+    if method == "load_model":
+        gib = os.environ.get("SPARK_LAB_WEIGHTS_GIB")
+        return float(os.environ.get("SPARK_LAB_LOAD_MBPS", "200")), float(gib) if gib else None
+    if method == "compile_and_profile":
+        return max_len, args.gpu_memory_utilization, args.kv_cache_memory_bytes, args.enforce_eager
+    return ()
+
+
+def _reducing_parallelism() -> None:
+    emu.log("WARNING", f"{WHERE_MP}:1019", f"Reducing Torch parallelism from {os.cpu_count() or 1} threads to 1 "
+            "to avoid unnecessary CPU contention. Set OMP_NUM_THREADS in the external environment to tune this "
+            "value as needed.")
+
+
+# --------------------------------------------------------------------------- one node's ranks
+
+class MpWorker(emu.Worker):
+    """A rank of the mp executor, run as a thread of its node's process; logs as `(Worker_TP1 pid=N)`."""
+
+    def __init__(self, rank: int, local_rank: int, args: argparse.Namespace, world: int, snapshot: Path,
+                 fault: str, fault_rank: int) -> None:
+        self.name = worker_name(rank, args.tensor_parallel_size, args.pipeline_parallel_size,
+                                args.enable_expert_parallel)
+        super().__init__(rank, world, str(snapshot), args.model, fault, args.nnodes > 1, args.attention_backend,
+                         process=f"VLLM::{self.name}", fault_rank=fault_rank, announce=local_rank == 0)
+        self.local_rank = local_rank
+
+    def error_line(self, method: str) -> tuple[str, str]:
+        if method in INIT_METHODS:
+            return super().error_line(method)
+        return f"{WHERE_MP}:828", "WorkerProc hit an exception."
+
+
+class LocalRanks:
+    """This node's ranks; `start` runs a method on each in its own thread, `poll` reports."""
+
+    def __init__(self, args: argparse.Namespace, world: int, snapshot: Path, fault: str, node_rank: int) -> None:
+        local = world // args.nnodes
+        fault_rank = (args.nnodes - 1) * local  # the first rank of the last node
+        self.workers = [MpWorker(node_rank * local + i, i, args, world, snapshot, fault, fault_rank)
+                        for i in range(local)]
+        self.threads: list[threading.Thread] = []
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, BaseException] = {}
+
+    def start(self, method: str, call: tuple[Any, ...]) -> None:
+        self.results, self.errors = {}, {}
+        self.threads = [threading.Thread(target=self._one, args=(w, method, call), daemon=True,
+                                         name=f"{w.name}-{method}") for w in self.workers]
+        for t in self.threads:
+            t.start()
+
+    def _one(self, worker: MpWorker, method: str, call: tuple[Any, ...]) -> None:
+        emu.PREFIX.local.name = worker.name
+        try:
+            self.results[worker.rank] = getattr(worker, method)(*call)
+        except Exception as e:  # noqa: BLE001 - the rank has logged it; the executor reports it
+            self.errors[worker.rank] = e
+
+    def done(self) -> bool:
+        return not any(t.is_alive() for t in self.threads)
+
+    def release(self) -> None:
+        for w in self.workers:
+            w.release_memory()
+
+    def log_all(self, level: str, where: str, msg: str) -> None:
+        for w in self.workers:
+            emu.PREFIX.local.name = w.name
+            try:
+                emu.log(level, where, msg)
+            finally:
+                emu.PREFIX.local.name = None
+
+
+# --------------------------------------------------------------------------- the wire
+
+class Channel:
+    """One JSON object per line over a TCP socket; poll() returns the messages that arrived, or
+    None once the other end has closed (or the connection broke)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def send(self, msg: dict[str, Any]) -> bool:
+        try:
+            with self.lock:
+                self.sock.sendall((json.dumps(msg) + "\n").encode())
+            return True
+        except OSError:
+            return False
+
+    def poll(self, timeout: float) -> list[dict[str, Any]] | None:
+        if self.closed:
+            return None
+        try:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if not ready:
+                return []
+            data = self.sock.recv(65536)
+        except (OSError, ValueError):
+            data = b""
+        if not data:
+            self.closed = True
+            return None
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class _Remote:
+    def __init__(self, channel: Channel, hello: dict[str, Any], local: int) -> None:
+        self.channel, self.node_rank = channel, int(hello["node_rank"])
+        self.host, self.pid = hello.get("host"), hello.get("pid")
+        self.ranks = list(range(self.node_rank * local, (self.node_rank + 1) * local))
+
+
+# --------------------------------------------------------------------------- the head (node rank 0)
+
+class MpExecutor:
+    """The head's executor: its own ranks in-process, the other nodes' over their connections."""
+
+    def __init__(self, args: argparse.Namespace, snapshot: Path, world: int, fault: str) -> None:
+        self.args, self.world, self.fault = args, world, fault
+        self.nnodes = args.nnodes
+        self.local = world // args.nnodes
+        self.ranks = LocalRanks(args, world, snapshot, fault, 0)
+        self.remotes: dict[int, _Remote] = {}
+        self.listener: socket.socket | None = None
+        self.closing = False
+        self.on_dead: Callable[[], None] | None = None
+
+    # ---- rendezvous
+    def listen(self) -> None:
+        port = self.args.master_port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))  # TCPStore's server listens on every address
+            sock.listen(16)
+        except OSError as e:
+            sock.close()
+            code, name = -(e.errno or 0), {98: "EADDRINUSE", 13: "EACCES"}.get(e.errno or 0, "UNKNOWN")
+            raise emu.EngineFailed(DistNetworkError(
+                "The server socket has failed to listen on any local network address. port: "
+                f"{port}, useIpv6: false, code: {code}, name: {name}, message: {(e.strerror or '').lower()}")) from None
+        sock.setblocking(False)
+        self.listener = sock
+
+    def wait_for_nodes(self) -> None:
+        a = self.args
+        emu.log("INFO", f"{WHERE_MP}:129", f"DP group leader: node_rank=0, node_rank_within_dp=0, "
+                f"master_addr={a.master_addr}, mq_connect_ip={emu._host_ip()} (local), world_size={self.world}, "
+                f"local_world_size={self.local}")
+        self.listen()
+        assert self.listener is not None
+        limit = timeout_s()
+        start = time.monotonic()
+        next_note, interval = start, 10.0
+        pending: list[Channel] = []
+        need = self.nnodes - 1
+        while len(self.remotes) < need:
+            now = time.monotonic()
+            if now - start >= limit:
+                raise emu.EngineFailed(DistStoreError(
+                    f"Timed out after {limit + 1:.0f} seconds waiting for clients. "
+                    f"{len(self.remotes) + 1}/{self.nnodes} clients joined."))
+            if now >= next_note:  # MODELLED: vLLM waits in silence here
+                missing = need - len(self.remotes)
+                emu.log("INFO", f"{WHERE_MP}:151", f"Waiting for {missing} of {need} headless node(s) to join "
+                        f"the torch.distributed process group at {a.master_addr}:{a.master_port} "
+                        f"({now - start:.0f} s so far, timeout {limit:.0f} s).")
+                next_note, interval = now + interval, interval * 2
+            ready, _, _ = select.select([self.listener, *[c.sock for c in pending]], [], [], 0.2)
+            if self.listener in ready:
+                try:
+                    conn, _ = self.listener.accept()
+                    conn.setblocking(True)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    pending.append(Channel(conn))
+                except BlockingIOError:
+                    pass
+            for ch in list(pending):
+                if ch.sock not in ready:
+                    continue
+                msgs = ch.poll(0)
+                if msgs is None:
+                    pending.remove(ch)
+                    continue
+                for msg in msgs:
+                    if msg.get("op") == "hello":
+                        pending.remove(ch)
+                        self._admit(ch, msg)
+                        break
+
+    def _admit(self, ch: Channel, hello: dict[str, Any]) -> None:
+        rank = hello.get("node_rank")
+        reason = None
+        if hello.get("nnodes") != self.nnodes or hello.get("world") != self.world:
+            reason = (f"nnodes/world size differ: the head runs nnodes={self.nnodes} world_size={self.world}, "
+                      f"node {rank} nnodes={hello.get('nnodes')} world_size={hello.get('world')}")
+        elif hello.get("model") != self.args.model:
+            reason = f"model differs: the head serves {self.args.model}, node {rank} {hello.get('model')}"
+        elif not isinstance(rank, int) or not 0 < rank < self.nnodes or rank in self.remotes:
+            reason = f"node rank {rank} is taken or out of range"
+        if reason:
+            emu.log("WARNING", f"{WHERE_MP}:160", f"Refused node {hello.get('host')}: {reason}.")  # MODELLED
+            ch.send({"op": "reject", "reason": reason})
+            ch.close()
+            return
+        ch.send({"op": "welcome"})
+        self.remotes[rank] = _Remote(ch, hello, self.local)
+
+    # ---- calls
+    def call(self, method: str, max_len: int) -> list[Any]:
+        init = method in INIT_METHODS
+        for r in self.remotes.values():
+            if not r.channel.send({"op": "call", "method": method}):
+                self._remote_died(r, init)
+        self.ranks.start(method, call_args(method, self.args, max_len))
+        answered: dict[int, Any] = {}
+        while True:
+            if self.ranks.errors:
+                _, err = min(self.ranks.errors.items())
+                if init:
+                    raise emu.EngineFailed(_init_failed())
+                raise emu.EngineFailed(_worker_failed(err))
+            if self.ranks.done() and len(answered) == len(self.remotes):
+                break
+            for node, r in self.remotes.items():
+                if node in answered:
+                    continue
+                msgs = r.channel.poll(0.05 / max(1, len(self.remotes)))
+                if msgs is None:
+                    self._remote_died(r, init)
+                for msg in msgs or []:
+                    if msg.get("op") == "result" and msg.get("method") == method:
+                        answered[node] = msg.get("results")
+                    elif msg.get("op") == "error":
+                        if init:  # the rank's WorkerProc died: its node's log has the traceback
+                            self._died_line(int(msg.get("rank", r.ranks[0])))
+                            raise emu.EngineFailed(_init_failed())
+                        raise emu.EngineFailed(_worker_failed(msg.get("error", "")))
+            if not self.remotes:
+                time.sleep(0.05)
+        out = [self.ranks.results.get(w.rank) for w in self.ranks.workers]
+        for node in sorted(answered):
+            out.extend(answered[node] or [])
+        return out
+
+    def _died_line(self, rank: int) -> None:
+        emu.log("ERROR", f"{WHERE_MP}:316", f"Worker proc VllmWorker-{rank} died unexpectedly (exit code: -9), "
+                "shutting down executor.")
+
+    def _remote_died(self, r: _Remote, init: bool) -> None:
+        self._died_line(r.ranks[0])
+        raise emu.EngineFailed(_init_failed() if init else RuntimeError("Executor failed."))
+
+    def run(self, max_len: int) -> None:
+        _reducing_parallelism()
+        self.wait_for_nodes()
+        self.call("init_device", max_len)
+        self.call("load_model", max_len)
+        emu.PREFIX.wait_for("Model loading took", 1, 2.0)
+        if self.fault == "silent-death":
+            os._exit(137)
+        self.call("compile_and_profile", max_len)
+        threading.Thread(target=self._monitor, daemon=True, name="MultiprocWorkerMonitor").start()
+
+    # ---- while serving
+    def _monitor(self) -> None:
+        emu.PREFIX.local.name = "EngineCore"
+        while not self.closing:
+            for r in list(self.remotes.values()):
+                msgs = r.channel.poll(0.2)
+                if msgs is None and not self.closing:
+                    self._died_line(r.ranks[0])
+                    emu.log("ERROR", "core.py:1013", "EngineCore encountered a fatal error.")
+                    emu.PREFIX.local.name = "APIServer"
+                    emu.log("ERROR", "async_llm.py:486", "AsyncLLM output_handler failed.")
+                    emu._fatal_traceback(EngineDeadError(
+                        "EngineCore encountered an issue. See stack trace (above) for the root cause."))
+                    if self.on_dead is not None:
+                        self.on_dead()
+                    return
+            if not self.remotes:
+                time.sleep(0.2)
+
+    def shutdown(self, ok: bool) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        for r in self.remotes.values():
+            r.channel.send({"op": "shutdown", "ok": ok})
+            r.channel.close()
+        self.ranks.release()
+        if self.listener is not None:
+            self.listener.close()
+
+
+class DistNetworkError(RuntimeError):
+    pass
+
+
+class DistStoreError(RuntimeError):
+    pass
+
+
+class EngineDeadError(Exception):
+    pass
+
+
+for _cls, _mod in ((DistNetworkError, "torch.distributed"), (DistStoreError, "torch.distributed"),
+                   (EngineDeadError, "vllm.v1.engine.exceptions")):
+    _cls.__module__ = _mod  # tracebacks name them as torch and vLLM do
+
+
+def _init_failed() -> Exception:
+    return Exception("WorkerProc initialization failed due to an exception in a background process. "
+                     "See stack trace for root cause.")
+
+
+def _worker_failed(err: BaseException | str) -> RuntimeError:
+    return RuntimeError(f"Worker failed with error '{err}', please check the stack trace above for the root cause")
+
+
+# --------------------------------------------------------------------------- a headless node
+
+class _Stop(Exception):
+    def __init__(self, rc: int) -> None:
+        super().__init__(rc)
+        self.rc = rc
+
+
+def _connect(args: argparse.Namespace, limit: float) -> Channel:
+    """Reach the head, again and again until `limit` s: it may start after this node."""
+    addr, port = args.master_addr, args.master_port
+    start = time.monotonic()
+    next_note = start
+    while True:
+        try:
+            sock = socket.create_connection((addr, port), timeout=2.0)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return Channel(sock)
+        except OSError as e:
+            now = time.monotonic()
+            if now - start >= limit:
+                raise DistNetworkError(f"The client socket has timed out after {int(limit * 1000)}ms while trying "
+                                       f"to connect to ({addr}, {port}).") from None
+            if now >= next_note:  # torch's c10d warning, once every 10 s here
+                stamp = time.strftime("%m%d %H:%M:%S")
+                err = e.errno or 111
+                sys.stderr.write(f"[W{stamp}.000000 {os.getpid()} torch/csrc/distributed/c10d/socket.cpp:767] "
+                                 f"[c10d] The client socket has failed to connect to [{addr}]:{port} (errno: {err} "
+                                 f"- {e.strerror or 'Connection refused'}).\n")
+                sys.stderr.flush()
+                next_note = now + 10.0
+            time.sleep(0.5)
+
+
+def run_headless(args: argparse.Namespace, snapshot: Path, world: int, max_len: int) -> int:
+    """A node of rank > 0: run this node's ranks as the head says; exit with the head."""
+    head = f"{args.master_addr}:{args.master_port}"
+    emu.log("INFO", WHERE_HEADLESS, f"Launching vLLM (v{emu.VERSION}) headless multiproc executor, with head node "
+            f"address {head} for torch.distributed process group.")
+    _reducing_parallelism()
+    fault = os.environ.get("SPARK_LAB_FAULT", "")
+    ranks = LocalRanks(args, world, snapshot, fault, args.node_rank)
+    channel: Channel | None = None
+    try:
+        try:
+            channel = _connect(args, timeout_s())
+        except DistNetworkError as e:
+            emu._fatal_traceback(e)
+            return 1
+        channel.send({"op": "hello", "node_rank": args.node_rank, "nnodes": args.nnodes, "world": world,
+                      "model": args.model, "host": socket.gethostname(), "pid": os.getpid()})
+        return _serve_head(args, channel, ranks, max_len, head)
+    except emu._Terminated:  # SIGTERM / SIGINT
+        ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")
+        emu.log("INFO", "serve.py:247", "Shutting down.")
+        return 0
+    finally:
+        ranks.release()
+        if channel is not None:
+            channel.close()
+
+
+def _serve_head(args: argparse.Namespace, channel: Channel, ranks: LocalRanks, max_len: int, head: str) -> int:
+    method: str | None = None
+    failed_at: float | None = None
+    while True:
+        msgs = channel.poll(0.1)
+        if msgs is None:  # MODELLED: the head stopped or died without a word
+            emu.log("ERROR", f"{WHERE_MP}:745", f"Lost the connection to the head node at {head}: the engine is "
+                    "gone. Shutting down this node's workers.")
+            return 1
+        for msg in msgs:
+            op = msg.get("op")
+            if op == "reject":
+                emu.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} refused this node: "
+                        f"{msg.get('reason')}.")
+                return 1
+            if op == "shutdown":
+                ok = bool(msg.get("ok"))
+                if ok:
+                    emu.log("INFO", f"{WHERE_MP}:745", f"The head node at {head} stopped the engine.")
+                else:
+                    emu.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} shut the engine down after "
+                            "a failure.")
+                ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")
+                return 0 if ok and failed_at is None else 1
+            if op == "call" and method is None and failed_at is None:
+                method = str(msg.get("method"))
+                ranks.start(method, call_args(method, args, max_len))
+        if method is not None and ranks.errors:
+            rank, err = min(ranks.errors.items())
+            channel.send({"op": "error", "method": method, "rank": rank, "error": str(err),
+                          "type": type(err).__name__})
+            method, failed_at = None, time.monotonic()
+        elif method is not None and ranks.done():
+            results = [ranks.results.get(w.rank) for w in ranks.workers]
+            channel.send({"op": "result", "method": method, "results": _jsonable(results)})
+            method = None
+        if failed_at is not None and time.monotonic() - failed_at > 10.0:
+            return 1  # the head did not answer: this node's rank is dead all the same
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
