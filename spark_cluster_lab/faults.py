@@ -21,6 +21,12 @@ the real breakage leaves, so the real repair, run through the stand-ins, undoes 
                      (written by the lab) -> reboot; hold the packages
     nvidia-smi-hung  the driver is stuck: nvidia-smi never answers -> reboot
     cable-other-port done live by the lab (the cable end moves to the other QSFP port)
+    unsafe-kernel-pending  the archive offers the next kernel (its metas) but not yet its
+                     linux-modules-nvidia-580-open-<kver> (phased updates): nothing is installed
+                     yet -> hold the kernel metas, or wait for the modules (`guard` says which)
+    driver-upgrade-pending the archive's -security pocket offers the next driver build, userspace
+                     and modules: unattended-upgrades would install it under a running engine
+                     -> `guard --install` holds it back; `guard --upgrade` moves it with a reboot
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ if TYPE_CHECKING:
 FAULTS: tuple[str, ...] = ("kernel-update", "driver-mismatch", "module-unloaded", "link-down", "mtu",
                            "memory-hog", "disk-full", "clock-skew", "proprietary-modules", "run-kernel-update",
                            "auto-upgrade", "nvidia-smi-hung", "cable-other-port",
-                           "crossed-rails", "sudo-password", "docker-group")
+                           "crossed-rails", "sudo-password", "docker-group",
+                           "unsafe-kernel-pending", "driver-upgrade-pending")
 ADAPTER_FAILED = "NVRM: GPU 000f:01:00.0: RmInitAdapter failed! (0x62:0x1a:2631)"
 HOG = "ollama"
 HOG_KIB = 104 * GIB_KIB
@@ -148,10 +155,37 @@ def _smi_hung(state: dict[str, Any]) -> None:
     state["driver"]["hung"] = True
 
 
+def offer_kernel(state: dict[str, Any], to: str | None = None, with_modules: bool = True) -> str:
+    """Publish the next kernel's metas in the node's archive (nothing installed): with its NVIDIA
+    modules (a safe upgrade), or without (the module meta held back, its package not out yet)."""
+    new = to or _later(state["kernel"]["running"], list(KERNELS))
+    archive = state["archive"]
+    for name, rec in meta_records(new).items():
+        if name in HWE_METAS or with_modules:
+            archive[name] = [rec]
+    if not with_modules:
+        archive.pop(module_package(new), None)
+    return new
+
+
+def _unsafe_kernel_pending(state: dict[str, Any], to: str | None = None) -> None:
+    offer_kernel(state, to, with_modules=False)
+
+
+def _driver_upgrade_pending(state: dict[str, Any], to: str | None = None) -> None:
+    new = to or _later(userspace_driver(state) or "", list(DRIVERS))
+    archive = state["archive"]
+    for name, rec in userspace_records(new).items():
+        archive[name] = [dict(rec, suite="noble-security")]
+    for known in KERNELS:
+        archive[module_package(known)] = [dict(module_record(known, new), suite="noble-security")]
+
+
 _APPLY = {"kernel-update": _kernel_update, "driver-mismatch": _driver_mismatch,
           "module-unloaded": _module_unloaded, "memory-hog": _memory_hog, "clock-skew": _clock_skew,
           "proprietary-modules": _proprietary_modules, "run-kernel-update": _run_kernel_update,
-          "auto-upgrade": _auto_upgrade, "nvidia-smi-hung": _smi_hung}
+          "auto-upgrade": _auto_upgrade, "nvidia-smi-hung": _smi_hung,
+          "unsafe-kernel-pending": _unsafe_kernel_pending, "driver-upgrade-pending": _driver_upgrade_pending}
 
 
 def apply_fault(state: dict[str, Any], fault: str, **details: Any) -> dict[str, Any]:
@@ -204,6 +238,13 @@ def in_force(state: dict[str, Any], fault: str) -> bool:
         return in_force(state, "driver-mismatch")
     if fault == "nvidia-smi-hung":
         return bool(state["driver"].get("hung"))
+    if fault == "unsafe-kernel-pending":  # until the node runs a newer kernel, or the modules came out
+        newest = max(state["archive"].get(HWE_METAS[1], [{"version": ""}]), key=lambda r: r["version"])
+        kver = next((k for k, v in KERNELS.items() if v["version"] == newest["version"]), kver)
+        return kver != state["kernel"]["running"] and module_package(kver) not in state["archive"]
+    if fault == "driver-upgrade-pending":
+        offered = state["archive"].get("nvidia-utils-580", [])
+        return any(r.get("driver") != userspace_driver(state) for r in offered)
     return True
 
 

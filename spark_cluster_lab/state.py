@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # kept out of the stand-ins' start-up: they import this modul
 TOOLS: tuple[str, ...] = (
     "nvidia-smi", "uname", "lsmod", "modinfo", "modprobe", "rmmod", "dpkg-query", "dpkg",
     "apt-get", "apt", "ibdev2netdev", "docker", "date", "reboot", "journalctl", "dmesg", "rdma",
-    "apt-mark",
+    "apt-mark", "apt-cache", "grub-editenv", "grub-set-default", "update-grub",
 )
 
 # Kernels the simulated archive knows, oldest first. Only the 1014 build string is copied
@@ -232,6 +232,7 @@ def healthy_state(hostname: str, index: int) -> dict[str, Any]:
                                "enP2p1s0f0np0": mac(0x16), "enP2p1s0f1np1": mac(0x17)}},
         "clock": {"offset_s": 0.0},
         "secure_boot": {"enabled": True},
+        "grub": {"default": "0", "saved_entry": None},
         "faults": [],
         "fault_details": {},
         "reboot_required": False,
@@ -467,11 +468,18 @@ def render_os_release(state: dict[str, Any]) -> str:
             f'UBUNTU_CODENAME={os_["codename"]}\nLOGO=ubuntu-logo\n')
 
 
+# DGX OS's /etc/default/grub: the newest kernel boots (GRUB_DEFAULT=0).
+GRUB_DEFAULTS = ('GRUB_DEFAULT=0\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\n'
+                 'GRUB_DISTRIBUTOR=`( . /etc/os-release; echo ${NAME:-Ubuntu} ) 2>/dev/null || echo Ubuntu`\n'
+                 'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
+
+
 def write_etc(state: dict[str, Any], paths: NodePaths) -> None:
     """The node's own /etc files (the upper layer of its /etc overlay)."""
     paths.etc_upper.mkdir(parents=True, exist_ok=True)
+    (paths.etc_upper / "default").mkdir(exist_ok=True)
     for name, text in (("dgx-release", render_dgx_release(state)), ("os-release", render_os_release(state)),
-                       ("hostname", state["identity"]["hostname"] + "\n")):
+                       ("hostname", state["identity"]["hostname"] + "\n"), ("default/grub", GRUB_DEFAULTS)):
         target = paths.etc_upper / name
         if target.is_symlink():  # os-release must be a real file, not a link into /usr/lib
             target.unlink()

@@ -32,6 +32,10 @@ _ENTRY: dict[str, tuple[str, str]] = {
     "dmesg": ("logs", "dmesg"),
     "rdma": ("rdma", "rdma"),
     "apt-mark": ("logs", "apt_mark"),
+    "apt-cache": ("apt_cache", "apt_cache"),
+    "grub-editenv": ("grub", "grub_editenv"),
+    "grub-set-default": ("grub", "grub_set_default"),
+    "update-grub": ("grub", "update_grub"),
 }
 
 

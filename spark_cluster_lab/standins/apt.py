@@ -265,7 +265,7 @@ def apt_get(ctx: Ctx, argv: list[str], prog: str = "apt-get") -> int:
         if simulate:
             return _transaction(ctx, ctx.state, command, words, flags, prog)
         with ctx.locked() as state:
-            return _transaction(ctx, state, command, words, flags, prog)
+            return _transaction(ctx, state, command, words, flags, prog, argv)
     except AptError as e:
         err(str(e))
         return 100
@@ -310,7 +310,8 @@ def _requests(state: dict[str, Any], command: str, words: list[str], prog: str) 
     return requests, notes
 
 
-def _transaction(ctx: Ctx, state: dict[str, Any], command: str, words: list[str], flags: set[str], prog: str) -> int:
+def _transaction(ctx: Ctx, state: dict[str, Any], command: str, words: list[str], flags: set[str], prog: str,
+                 argv: list[str] | None = None) -> int:
     if command in ("remove", "purge"):
         from spark_cluster_lab.standins.apt_remove import remove
 
@@ -360,5 +361,11 @@ def _transaction(ctx: Ctx, state: dict[str, Any], command: str, words: list[str]
 
     if extra and not confirm(flags):
         return 1
-    unpack(state, order, _size, _human, MIRROR)
+    from spark_cluster_lab.standins.apt_hooks import run_hooks
+
+    refused = unpack(state, order, _size, _human, MIRROR,
+                     before_dpkg=lambda: run_hooks(argv or [], prog, order, dict(state["packages"])))
+    if refused:
+        err(refused)
+        return 100
     return 0

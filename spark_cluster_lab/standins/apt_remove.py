@@ -31,8 +31,11 @@ def _deb(name: str, version: str) -> str:
 
 
 def unpack(state: dict[str, Any], order: list[tuple[str, dict[str, Any]]], size: Callable[[str], int],
-           human: Callable[[float], str], mirror: str) -> None:
-    """Fetch, unpack and configure `order` (dependencies first) and record it in the dpkg database."""
+           human: Callable[[float], str], mirror: str,
+           before_dpkg: Callable[[], str | None] = lambda: None) -> str | None:
+    """Fetch, unpack and configure `order` (dependencies first) and record it in the dpkg database.
+    `before_dpkg` runs between the download and dpkg (apt's Pre-Install-Pkgs hooks): the error
+    it returns stops the run there, nothing unpacked."""
     installed = state["packages"]
     total = sum(size(n) for n, _ in order)
     lines = [f"Need to get {human(total)} of archives.",
@@ -41,6 +44,11 @@ def unpack(state: dict[str, Any], order: list[tuple[str, dict[str, Any]]], size:
         suite = rec.get("suite", "noble-updates")
         lines.append(f"Get:{i} {mirror} {suite}/restricted arm64 {name} arm64 {rec['version']} [{human(size(name))}]")
     lines.append(f"Fetched {human(total)} in 1s ({human(total)}/s)")
+    out("\n".join(lines))
+    refused = before_dpkg()
+    if refused:
+        return refused
+    lines = []
     for i, (name, rec) in enumerate(order):
         old = installed.get(name)
         if old is None:
@@ -64,6 +72,7 @@ def unpack(state: dict[str, Any], order: list[tuple[str, dict[str, Any]]], size:
             state["reboot_required"] = state["reboot_required"] or rec["driver"] != state["driver"]["loaded"]
     state["packages"] = dict(sorted(installed.items()))
     out("\n".join(lines))
+    return None
 
 
 def remove(state: dict[str, Any], words: list[str], flags: set[str], purge: bool) -> int:

@@ -339,10 +339,21 @@ def rmmod(ctx: Ctx, argv: list[str]) -> int:
 
 # --- reboot ---------------------------------------------------------------------------------
 
-def boot(state: dict[str, Any]) -> None:
-    """What a reboot leaves: the newest installed kernel, its modules, no user processes."""
+def boot_kernel(state: dict[str, Any]) -> str:
+    """The kernel GRUB boots: GRUB_DEFAULT=0 (DGX OS) is the newest installed; `saved` is the
+    kernel grub-set-default named, if it is still installed; an entry title names its kernel."""
     kernels = installed_kernels(state)
-    kver = kernels[-1] if kernels else state["kernel"]["running"]
+    grub = state.get("grub", {})
+    chosen = grub.get("saved_entry") if grub.get("default") == "saved" else grub.get("default")
+    named = (chosen or "").rpartition("with Linux ")[2].strip()
+    if named in kernels:
+        return named
+    return kernels[-1] if kernels else state["kernel"]["running"]
+
+
+def boot(state: dict[str, Any]) -> None:
+    """What a reboot leaves: the kernel GRUB picks, its modules, no user processes."""
+    kver = boot_kernel(state)
     state["kernel"]["running"] = kver
     loaded = list(RDMA_MODULES) if f"linux-modules-{kver}" in state["packages"] else []
     drv = module_driver(state, kver)
