@@ -168,11 +168,18 @@ def offer_kernel(state: dict[str, Any], to: str | None = None, with_modules: boo
     return new
 
 
+def _newest(current: str, known: list[str]) -> bool:
+    return current in known and known.index(current) == len(known) - 1
+
+
 def _unsafe_kernel_pending(state: dict[str, Any], to: str | None = None) -> None:
-    offer_kernel(state, to, with_modules=False)
+    if to or not _newest(state["kernel"]["running"], list(KERNELS)):  # on the newest: nothing to offer
+        offer_kernel(state, to, with_modules=False)
 
 
 def _driver_upgrade_pending(state: dict[str, Any], to: str | None = None) -> None:
+    if not to and _newest(userspace_driver(state) or "", list(DRIVERS)):
+        return
     new = to or _later(userspace_driver(state) or "", list(DRIVERS))
     archive = state["archive"]
     for name, rec in userspace_records(new).items():
