@@ -10,7 +10,8 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 2
 fi
 
-packages=(openssh-server openssh-client iproute2 iputils-ping procps psmisc util-linux sudo rsync)
+packages=(openssh-server openssh-client iproute2 iputils-ping procps psmisc util-linux sudo rsync
+          prometheus systemd)  # promtool and a real Prometheus for deploy/; systemd-analyze for `service`
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv python3-pip)
 missing=()
 for p in "${packages[@]}"; do

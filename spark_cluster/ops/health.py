@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import time
 
 from spark_cluster.ops.readiness import http, unauthorized_hint
 from spark_cluster.ops.serve import api_key
 from spark_cluster.core.serve_plan import ServePlan
 
-# vLLM's metric names -> the key status reports them under.
+# vLLM's metric names (as samples) -> the key status reports them under.
 METRICS = {
     "vllm:num_requests_running": "requests_running",
     "vllm:num_requests_waiting": "requests_waiting",
@@ -17,18 +16,15 @@ METRICS = {
     "vllm:prompt_tokens_total": "prompt_tokens_total",
     "vllm:generation_tokens_total": "generation_tokens_total",
 }
-_SAMPLE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sum each known metric over its label sets (pure)."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line.strip())
-        if match and match.group(1) in METRICS:
-            key = METRICS[match.group(1)]
-            values[key] = values.get(key, 0.0) + float(match.group(2))
-    return values
+    """Sum each known metric over its label sets (pure); read with prometheus_client's parser."""
+    from spark_cluster.ops.metrics import parse_vllm, sample_sum
+
+    families = parse_vllm(text)
+    values = {key: sample_sum(families, name) for name, key in METRICS.items()}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 RATE_WINDOW_S = 1.0  # `status` alone: two /metrics samples at least this far apart

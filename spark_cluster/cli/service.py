@@ -1,0 +1,78 @@
+"""service install|uninstall|status: `supervise` as a systemd service on this machine."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from spark_cluster import ui
+from spark_cluster.core.inventory import load_inventory
+
+USER = click.option("--user", "user", is_flag=True,
+                    help="A unit of your own (~/.config/systemd/user) instead of a system unit.")
+
+
+@click.group()
+def service() -> None:
+    """Run `supervise` as a systemd service on this machine (run it on the head, or any machine
+    that reaches the nodes over SSH)."""
+
+
+@service.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@USER
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="Passed to supervise.")
+@click.option("--metrics-address", default="127.0.0.1", show_default=True, help="Passed to supervise.")
+@click.option("--no-start", is_flag=True, help="Write the unit and its environment file; start nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the unit; write nothing.")
+def install(inventory: str, user: bool, metrics_port: int | None, metrics_address: str, no_start: bool,
+            dry_run: bool) -> int:
+    """Write the unit (restart on failure, after network-online) and an EnvironmentFile of mode
+    0600 with the secrets supervise needs, then enable and start it."""
+    from spark_cluster.ops import service as svc
+
+    inv = load_inventory(inventory)
+    if dry_run:
+        svc.secrets_here(inv)
+        ui.console.out(svc.unit_text(inv, user, metrics_port, metrics_address), highlight=False)
+        return 0
+    where = svc.install(inv, user, metrics_port, metrics_address, start=not no_start)
+    ui.console.print(f"wrote {where.unit}\nwrote {where.environment} (mode 0600)", highlight=False)
+    if not no_start:
+        scope = "--user " if user else ""
+        ui.console.print(f"started; `spark-cluster service status {inventory}{' --user' if user else ''}` "
+                         f"or `journalctl {scope}-u {where.unit.name} -f` to follow it", highlight=False)
+    return 0
+
+
+@service.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@USER
+def uninstall(inventory: str, user: bool) -> int:
+    """Stop and disable the service (the cluster keeps serving), remove its unit and environment file."""
+    from spark_cluster.ops import service as svc
+
+    removed = svc.uninstall(load_inventory(inventory), user)
+    ui.console.print("\n".join(f"removed {p}" for p in removed) or "nothing was installed", highlight=False)
+    return 0
+
+
+@service.command()
+@click.argument("inventory", type=click.Path(exists=True, dir_okay=False))
+@USER
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(inventory: str, user: bool, as_json: bool) -> int:
+    """Installed?, active?, restarts, and the last lines supervise logged."""
+    from spark_cluster.ops import service as svc
+
+    data = svc.status(load_inventory(inventory), user)
+    if as_json:
+        ui.console.out(json.dumps(data, indent=2))
+    else:
+        for key, value in data.items():
+            if key != "log":
+                ui.console.print(f"{key}: {value}", highlight=False)
+        for line in data.get("log", []):
+            ui.console.print(f"  {line}", highlight=False, markup=False)
+    return 0 if data.get("ActiveState") == "active" else 1
