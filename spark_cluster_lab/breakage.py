@@ -7,7 +7,9 @@ changes, a process named `ollama` runs, the model filesystem fills up.
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import subprocess
 
 from spark_cluster.core.errors import LabError
@@ -73,6 +75,13 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
     elif fault == "cable-other-port":
         swap_ports(name)
         done = f"{name}: the cable of {rail0} is in the other port ({OTHER_PORT}); {rail0} has no carrier"
+    elif fault == "node-reboot":
+        os.kill(node.sshd_pid, signal.SIGUSR1)  # what the node's `reboot` asks its init for
+        return f"{name}: rebooting (down for its reboot seconds, then a new boot id)"
+    elif fault == "engine-hang":
+        done = f"{name}: the running vLLM makes no more tokens; its process and /health stay up"
+    elif fault == "memory-leak-after-stop":
+        done = f"{name}: memory of a vLLM that stops from now on stays in use until a reboot"
     elif fault == "auto-upgrade":
         done = f"{name}: unattended-upgrades upgraded the driver under the loaded module"
     elif fault == "disk-full":

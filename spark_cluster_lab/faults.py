@@ -27,6 +27,12 @@ the real breakage leaves, so the real repair, run through the stand-ins, undoes 
     driver-upgrade-pending the archive's -security pocket offers the next driver build, userspace
                      and modules: unattended-upgrades would install it under a running engine
                      -> `guard --install` holds it back; `guard --upgrade` moves it with a reboot
+    engine-hang      the running vLLM stops making tokens; its process and /health stay up
+                     -> restart vLLM (one started after the fault is not hung)
+    node-reboot      the node reboots now (an update's reboot mid-serve), done live by the lab
+                     -> wait for it, bring Ray and vLLM up again
+    memory-leak-after-stop  memory of a vLLM that stops stays in use, with no process
+                     -> reboot
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ FAULTS: tuple[str, ...] = ("kernel-update", "driver-mismatch", "module-unloaded"
                            "memory-hog", "disk-full", "clock-skew", "proprietary-modules", "run-kernel-update",
                            "auto-upgrade", "nvidia-smi-hung", "cable-other-port",
                            "crossed-rails", "sudo-password", "docker-group",
-                           "unsafe-kernel-pending", "driver-upgrade-pending")
+                           "unsafe-kernel-pending", "driver-upgrade-pending",
+                           "engine-hang", "node-reboot", "memory-leak-after-stop")
 ADAPTER_FAILED = "NVRM: GPU 000f:01:00.0: RmInitAdapter failed! (0x62:0x1a:2631)"
 HOG = "ollama"
 HOG_KIB = 104 * GIB_KIB
@@ -186,13 +193,22 @@ def _driver_upgrade_pending(state: dict[str, Any], to: str | None = None) -> Non
         archive[name] = [dict(rec, suite="noble-security")]
     for known in KERNELS:
         archive[module_package(known)] = [dict(module_record(known, new), suite="noble-security")]
+def _engine_hang(state: dict[str, Any]) -> None:
+    import time
+
+    state["engine_hang_at"] = time.time()  # engines started before this hang (vllm_emulator)
+
+
+def _memory_leak(state: dict[str, Any]) -> None:
+    state["memory_leak"] = True
 
 
 _APPLY = {"kernel-update": _kernel_update, "driver-mismatch": _driver_mismatch,
           "module-unloaded": _module_unloaded, "memory-hog": _memory_hog, "clock-skew": _clock_skew,
           "proprietary-modules": _proprietary_modules, "run-kernel-update": _run_kernel_update,
           "auto-upgrade": _auto_upgrade, "nvidia-smi-hung": _smi_hung,
-          "unsafe-kernel-pending": _unsafe_kernel_pending, "driver-upgrade-pending": _driver_upgrade_pending}
+          "unsafe-kernel-pending": _unsafe_kernel_pending, "driver-upgrade-pending": _driver_upgrade_pending,
+          "engine-hang": _engine_hang, "memory-leak-after-stop": _memory_leak}
 
 
 def apply_fault(state: dict[str, Any], fault: str, **details: Any) -> dict[str, Any]:
@@ -252,6 +268,11 @@ def in_force(state: dict[str, Any], fault: str) -> bool:
     if fault == "driver-upgrade-pending":
         offered = state["archive"].get("nvidia-utils-580", [])
         return any(r.get("driver") != userspace_driver(state) for r in offered)
+    if fault == "memory-leak-after-stop":
+        return bool(state.get("memory_leak")) or any(
+            c.get("fault") == fault for c in state["memory"]["consumers"].values())
+    if fault == "node-reboot":
+        return False
     return True
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from spark_cluster_lab import layout
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import add_consumer, load_state, locked_state, prune_gone_consumers
+from spark_cluster_lab.state import add_consumer, forget_consumer, load_state, locked_state, prune_gone_consumers
 
 # Names nvidia-smi shows for vLLM's GPU processes: a Ray actor's process title, and the engine
 # process vLLM titles itself (setproctitle "VLLM::EngineCore") when it runs the model in-process.
@@ -130,7 +130,7 @@ class NodeMemory:
             if not self.active:
                 return
             self.released = True
-            self._write(lambda state: state["memory"]["consumers"].pop(self.name, None))
+            self._write(lambda state: forget_consumer(state, self.name))
         atexit.unregister(self.release)
 
     def _write(self, change: Callable[[dict[str, Any]], Any]) -> bool:
@@ -144,3 +144,22 @@ class NodeMemory:
             # Not root, or a node torn down under us: the emulator must go on without the record.
             self.paths = None
             return False
+
+
+def hang_flag(started: float, paths: NodePaths | None = None, every_s: float = 0.5) -> Callable[[], bool]:
+    """Whether the engine-hang fault struck this node after `started` (wall clock): an engine
+    started later (a restart) is not hung. Read at most every `every_s`."""
+    where = paths if paths is not None else lab_node()
+    seen = {"at": float("-inf"), "hung": False}
+
+    def hung() -> bool:
+        now = time.monotonic()
+        if where is not None and now - seen["at"] >= every_s:
+            seen["at"] = now
+            try:
+                seen["hung"] = float(load_state(where.state).get("engine_hang_at") or 0) >= started
+            except (OSError, ValueError):
+                pass
+        return bool(seen["hung"])
+
+    return hung

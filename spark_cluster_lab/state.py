@@ -316,8 +316,20 @@ def prune_gone_consumers(state: dict[str, Any]) -> list[str]:
     for where this may run). Returns the names forgotten."""
     gone = gone_consumers(state)
     for name in gone:
-        del state["memory"]["consumers"][name]
+        forget_consumer(state, name)
     return gone
+
+
+LEAKED = "memory-leak-after-stop"
+
+
+def forget_consumer(state: dict[str, Any], name: str) -> None:
+    """A process's memory given back, or, under the memory-leak-after-stop fault, kept in use with
+    no process to show for it (the driver did not free it) until the node reboots."""
+    gone = state["memory"]["consumers"].pop(name, None)
+    if gone and state.get("memory_leak"):
+        state["memory"]["consumers"][f"leaked-{name}"] = {"pid": None, "start": None, "kib": gone.get("kib", 0),
+                                                          "fault": LEAKED}
 
 
 # --- persistence -------------------------------------------------------------------------

@@ -262,6 +262,8 @@ class _Engine:
     running: int = 0
     waiting: int = 0
     kv_tokens: int = 0
+    # The engine-hang fault: while this says so, no token comes out (process and /health stay up).
+    hung: Callable[[], bool] = lambda: False
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     def _publish(self) -> None:  # call with cond held
@@ -321,6 +323,8 @@ class _Engine:
                 delay = due - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
+                while self.hung() and not self.stopping:
+                    time.sleep(0.5)
                 if self.stopping:
                     raise _Aborted
                 now = time.monotonic()
@@ -683,6 +687,7 @@ def serve_api(
     error_style: Literal["nested", "flat"] = "nested",
     stats_log: Callable[[str], None] | None = None,
     stats_interval: float = 10.0,
+    hung: Callable[[], bool] | None = None,
 ) -> VllmApiServer:
     """Start the double on (host, port) (port 0: any free one; see `.server_address` / `.url`).
 
@@ -706,7 +711,7 @@ def serve_api(
     server.created = int(time.time())
     server.engine = _Engine(model=model, max_model_len=max_model_len, rate=rate, max_num_seqs=max_num_seqs,
                             kv_cache_tokens=kv_cache_tokens or 8 * max_model_len,
-                            metrics=_Metrics(model, max_model_len))
+                            metrics=_Metrics(model, max_model_len), hung=hung or (lambda: False))
     server.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                      name=f"vllm-api-{server.server_address[1]}", daemon=True)
     server.thread.start()

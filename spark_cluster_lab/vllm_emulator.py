@@ -427,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                            max_num_seqs=args.max_num_seqs or 256,
                            rate=TokenRate(scale=float(os.environ.get("SPARK_LAB_RATE_SCALE", "1"))),
                            stats_log=lambda line: log("INFO", "loggers.py:257", line),
-                           stats_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")))
+                           stats_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")),
+                           hung=node_memory.hang_flag(time.time()))
         holder["server"] = server
         log("INFO", "api_server.py:594", f"Starting vLLM server on http://{host}:{args.port}")
         log("INFO", "launcher.py:37", "Available routes are:")

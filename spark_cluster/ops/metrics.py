@@ -144,11 +144,11 @@ class BoardCollector(Collector):
         yield from (up, used, available, temperature, power, driver, carrier, leak)
 
     def _vllm(self, b: Board) -> Iterator[Metric]:
-        """vLLM's own families, each sample with the node that serves it added."""
+        """vLLM's own families, each sample with the cluster and the node that serves it added."""
         for family in b.vllm:
             copy = Metric(family.name, family.documentation, family.type, family.unit)
             for s in family.samples:
-                copy.samples.append(s._replace(labels={**s.labels, "node": b.head}))
+                copy.samples.append(s._replace(labels={**s.labels, "cluster": b.cluster, "node": b.head}))
             yield copy
 
 

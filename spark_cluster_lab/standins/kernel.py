@@ -364,6 +364,9 @@ def boot(state: dict[str, Any]) -> None:
     state["driver"]["flavour"] = (module_source(state, kver) or ("", "open"))[1]
     state["driver"].pop("hung", None)  # a reboot clears a stuck driver
     consumers = state["memory"]["consumers"]
+    state.pop("memory_leak", None)  # the leaking driver is reloaded
+    for name in [n for n, c in consumers.items() if c.get("fault") == "memory-leak-after-stop"]:
+        consumers.pop(name)
     for name in [n for n, c in consumers.items() if c.get("pid") is not None]:
         gone = consumers.pop(name)
         # A reboot ends every process: the one recorded, if that pid still is that process.
