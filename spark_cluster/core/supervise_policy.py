@@ -103,16 +103,12 @@ class HangTracker:
         self.tokens = self.frozen_since = None
 
     def feed(self, now: float, tokens: float | None, running: float | None) -> float | None:
-        """Seconds frozen so far (None: making progress, idle, or nothing to judge by)."""
+        """Seconds since the counter last moved while requests ran (None: idle, or nothing to judge by)."""
         if tokens is None or not running:
             self.reset()
-            self.tokens = tokens
             return None
-        if self.tokens is None or tokens != self.tokens:
-            self.tokens, self.frozen_since = tokens, None
-            return None
-        if self.frozen_since is None:
-            self.frozen_since = now
+        if self.frozen_since is None or tokens != self.tokens:
+            self.tokens, self.frozen_since = tokens, now
         return now - self.frozen_since
 
     def hung(self, frozen_s: float | None) -> bool:

@@ -102,7 +102,7 @@ class BoardCollector(Collector):
         yield hung
         if b.shards:
             loaded = gauge("load_shards_loaded", "Weight shards loaded by the start in progress or the last.")
-            total = gauge("load_shards_total", "Weight shards of the model.")
+            total = gauge("load_shards_expected", "Weight shards of the model.")
             loaded.add_metric([c], b.shards[0])
             total.add_metric([c], b.shards[1])
             yield loaded
@@ -144,12 +144,19 @@ class BoardCollector(Collector):
         yield from (up, used, available, temperature, power, driver, carrier, leak)
 
     def _vllm(self, b: Board) -> Iterator[Metric]:
-        """vLLM's own families, each sample with the cluster and the node that serves it added."""
+        """vLLM's own families, each sample with the cluster and the node that serves it added, and
+        `vllm:` spelled `vllm_`: a colon is reserved for recording rules (promtool's lint)."""
         for family in b.vllm:
-            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy = Metric(exposed(family.name), family.documentation, family.type, family.unit)
             for s in family.samples:
-                copy.samples.append(s._replace(labels={**s.labels, "cluster": b.cluster, "node": b.head}))
+                copy.samples.append(s._replace(name=exposed(s.name),
+                                               labels={**s.labels, "cluster": b.cluster, "node": b.head}))
             yield copy
+
+
+def exposed(name: str) -> str:
+    """vLLM's metric name as supervise serves it: vllm:x -> vllm_x."""
+    return name.replace(":", "_")
 
 
 def registry_for(board: Board) -> CollectorRegistry:
