@@ -413,7 +413,9 @@ def _write_python(lab_root: Path) -> None:
         "    if _p not in sys.path:\n"
         "        sys.path.append(_p)\n")
     python = lab_root / "python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(site))}${{PYTHONPATH:+:$PYTHONPATH}} "
+    # The nodes run the lab code that made them (a checkout's, not an installed copy's).
+    code = f"{site}:{Path(__file__).resolve().parents[1]}"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}} "
                       f"exec {shlex.quote(sys.executable)} \"$@\"\n")
     python.chmod(0o755)
 
