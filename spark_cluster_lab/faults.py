@@ -193,6 +193,8 @@ def _driver_upgrade_pending(state: dict[str, Any], to: str | None = None) -> Non
         archive[name] = [dict(rec, suite="noble-security")]
     for known in KERNELS:
         archive[module_package(known)] = [dict(module_record(known, new), suite="noble-security")]
+
+
 def _engine_hang(state: dict[str, Any]) -> None:
     import time
 
