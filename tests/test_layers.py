@@ -1,0 +1,166 @@
+"""The package's floor plan holds: layers import only downward, the product never imports the
+lab, no import circle, no product module over 400 lines, and `--help` loads no SSH library."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("core", "transport", "ops", "ui", "cli")  # bottom to top
+MAX_LINES = 400
+
+
+def modules(package: str) -> dict[str, Path]:
+    found = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of `known` that `name` imports, at its top or inside a function (not under
+    TYPE_CHECKING: annotations only)."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            for alias in node.names:
+                found.add(f"{target}.{alias.name}")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    resolved = set()
+    for target in found:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            resolved.add(target)
+    return resolved
+
+
+PRODUCT = modules("spark_cluster")
+LAB = modules("spark_cluster_lab")
+KNOWN = set(PRODUCT) | set(LAB) | {"spark_cluster_lab"}
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    return {name: imports_of(name, path, KNOWN) for name, path in mods.items()}
+
+
+def test_the_product_never_imports_the_lab() -> None:
+    offenders = {name: sorted(t for t in targets if t.startswith("spark_cluster_lab"))
+                 for name, targets in graph(PRODUCT).items()}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_layers_import_only_downward() -> None:
+    upward = []
+    for name, targets in graph(PRODUCT).items():
+        mine = layer(name)
+        if mine is None:
+            continue
+        for target in targets:
+            theirs = layer(target)
+            if theirs is not None and LAYERS.index(theirs) > LAYERS.index(mine):
+                upward.append(f"{name} -> {target}")
+    assert upward == []
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in edges:
+                continue
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in edges:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def _without_parent_packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    # `from pkg import mod` names the package and the module; a package importing its own
+    # submodules is how a package works, not a circle.
+    return {name: {t for t in targets if not name.startswith(t + ".")} for name, targets in edges.items()}
+
+
+@pytest.mark.parametrize("package", [PRODUCT, LAB], ids=["spark_cluster", "spark_cluster_lab"])
+def test_no_import_circle(package: dict[str, Path]) -> None:
+    assert _cycles(_without_parent_packages(graph(package))) == []
+
+
+def test_no_product_module_over_400_lines() -> None:
+    long = {name: n for name, path in PRODUCT.items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_help_loads_no_ssh_library() -> None:
+    code = ("import sys; from spark_cluster.cli import cli; "
+            "import click.testing as t; r = t.CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paramiko', 'fabric', 'invoke', 'httpx')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
