@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import shutil
 
-from spark_cluster_lab.state import KERNELS, module_source
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from spark_cluster_lab.layout import NodePaths
 
 
@@ -20,18 +16,11 @@ def lib_modules(paths: NodePaths):  # noqa: ANN201 - a Path; pathlib is imported
     return paths.root / "lib-modules"
 
 
-def render_modules(state: dict[str, Any], paths: NodePaths) -> None:
+def render_modules(want: set[str], paths: NodePaths) -> None:
+    """Make the node's /lib/modules hold exactly the files `want` names (paths under it, empty
+    files); the state decides which (state.lib_module_files)."""
     top = lib_modules(paths)
     top.mkdir(parents=True, exist_ok=True)
-    want: set[str] = set()
-    for kver in KERNELS:
-        if f"linux-image-{kver}" not in state["packages"]:
-            continue
-        source = module_source(state, kver)
-        if source:
-            want.add(f"{kver}/{source[2]}")
-        if f"linux-headers-{kver}" in state["packages"]:
-            want.add(f"{kver}/build/Makefile")
     have = {str(p.relative_to(top)) for p in top.rglob("*") if p.is_file()}
     for rel in have - want:
         (top / rel).unlink()

@@ -34,6 +34,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from spark_cluster_lab.module_files import render_modules
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
 if TYPE_CHECKING:  # kept out of the stand-ins' start-up: they import this module on every call
     from typing import Any, Iterator
@@ -280,6 +282,21 @@ def userspace_driver(state: dict[str, Any]) -> str | None:
     return run["version"] if run else None
 
 
+def lib_module_files(state: dict[str, Any]) -> set[str]:
+    """The files under /lib/modules the installed packages put there: each kernel's nvidia.ko
+    and, with its headers, the `build` link's Makefile."""
+    want: set[str] = set()
+    for kver in KERNELS:
+        if f"linux-image-{kver}" not in state["packages"]:
+            continue
+        source = module_source(state, kver)
+        if source:
+            want.add(f"{kver}/{source[2]}")
+        if f"linux-headers-{kver}" in state["packages"]:
+            want.add(f"{kver}/build/Makefile")
+    return want
+
+
 def process_start(pid: int | None) -> int | None:
     """When a live, non-zombie process started (clock ticks since boot); None if there is none.
     With the pid it names a process for good: a recycled pid has another start time."""
@@ -454,9 +471,7 @@ def render(state: dict[str, Any], paths: NodePaths) -> None:
             p.rmdir() if p.is_dir() else p.unlink()
         nvidia.rmdir()
     _rewrite_in_place(paths.meminfo, render_meminfo(state))
-    from spark_cluster_lab.module_files import render_modules
-
-    render_modules(state, paths)
+    render_modules(lib_module_files(state), paths)
 
 
 def render_dgx_release(state: dict[str, Any]) -> str:

@@ -54,12 +54,13 @@ from pathlib import Path
 from typing import Any
 
 from spark_cluster_lab import node_memory, vllm_args
-from spark_cluster_lab.vllm_worker import (  # noqa: F401 - vllm_mp and the tests reach them here too
+from spark_cluster_lab.vllm_worker import (  # noqa: F401 - the tests reach them here too
     CHUNK,
     PREFIX,
     VERSION,
     EngineFailed,
     RayWorkerProc,
+    Terminated,
     Worker,
     _host_ip,
     bar_line,
@@ -73,10 +74,6 @@ from spark_cluster_lab.vllm_worker import (  # noqa: F401 - vllm_mp and the test
     resolve_model,
     shard_files,
 )
-
-
-class _Terminated(Exception):
-    pass
 
 
 # --------------------------------------------------------------------------- engine
@@ -175,7 +172,7 @@ class Engine:
                 "nodes which can degrade the performance unless you have fast interconnect across nodes, like "
                 "Infiniband. To resolve this issue, make sure you have more than "
                 f"{self.world} GPUs available at each node.")
-        from spark_cluster_lab.vllm_mp import worker_name  # vllm_mp imports this module
+        from spark_cluster_lab.vllm_mp import worker_name
 
         cls = ray.remote(RayWorkerProc)
         # 0.33 get_driver_env_vars: the driver's whole environment but the worker-specific names and
@@ -319,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         stop.set()
         if not serving["up"]:
-            raise _Terminated()
+            raise Terminated()
 
     serving: dict[str, Any] = {"up": False}
     signal.signal(signal.SIGTERM, on_signal)
@@ -450,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"INFO:     Finished server process [{os.getpid()}]\n")
         sys.stderr.flush()
         return int(serving.get("rc", 0))
-    except _Terminated:
+    except Terminated:
         return 0
     finally:
         reserve.close()
@@ -459,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the module's canonical copy (not this `__main__` one): vllm_mp imports it, and the log
-    # prefixer and worker classes must be the same objects for both.
+    # Run the module's canonical copy (not this `__main__` one), so that there is one copy of it
+    # whichever way it was started.
     import importlib
     sys.exit(importlib.import_module("spark_cluster_lab.vllm_emulator").main())

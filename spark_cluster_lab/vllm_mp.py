@@ -77,7 +77,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spark_cluster_lab import vllm_emulator as emu
+from spark_cluster_lab import vllm_worker as vw
 
 DEFAULT_TIMEOUT_S = 600.0
 DP_RPC_PORT = 29550  # vLLM's data_parallel_rpc_port default
@@ -114,7 +114,7 @@ def check_args(args: argparse.Namespace, world: int) -> bool:
         if args.node_rank < 0:
             raise ValueError(f"This vLLM test double needs --node-rank in [0, {args.nnodes}); got {args.node_rank}.")
     if args.headless and (args.nnodes <= 1 or args.node_rank == 0):
-        emu.log("INFO", "serve.py:204", f"Launching {args.data_parallel_size} data parallel engine(s) in headless "
+        vw.log("INFO", "serve.py:204", f"Launching {args.data_parallel_size} data parallel engine(s) in headless "
                 f"mode, with head node address tcp://{args.master_addr}:{DP_RPC_PORT}.")
         raise ValueError("This vLLM test double does not emulate headless data-parallel engines: --headless "
                          "runs a node of rank > 0 of --nnodes N.")
@@ -147,14 +147,14 @@ def call_args(method: str, args: argparse.Namespace, max_len: int) -> tuple[Any,
 
 
 def _reducing_parallelism() -> None:
-    emu.log("WARNING", f"{WHERE_MP}:1019", f"Reducing Torch parallelism from {os.cpu_count() or 1} threads to 1 "
+    vw.log("WARNING", f"{WHERE_MP}:1019", f"Reducing Torch parallelism from {os.cpu_count() or 1} threads to 1 "
             "to avoid unnecessary CPU contention. Set OMP_NUM_THREADS in the external environment to tune this "
             "value as needed.")
 
 
 # --------------------------------------------------------------------------- one node's ranks
 
-class MpWorker(emu.Worker):
+class MpWorker(vw.Worker):
     """A rank of the mp executor, run as a thread of its node's process; logs as `(Worker_TP1 pid=N)`."""
 
     def __init__(self, rank: int, local_rank: int, args: argparse.Namespace, world: int, snapshot: Path,
@@ -191,7 +191,7 @@ class LocalRanks:
             t.start()
 
     def _one(self, worker: MpWorker, method: str, call: tuple[Any, ...]) -> None:
-        emu.PREFIX.local.name = worker.name
+        vw.PREFIX.local.name = worker.name
         try:
             self.results[worker.rank] = getattr(worker, method)(*call)
         except Exception as e:  # noqa: BLE001 - the rank has logged it; the executor reports it
@@ -206,11 +206,11 @@ class LocalRanks:
 
     def log_all(self, level: str, where: str, msg: str) -> None:
         for w in self.workers:
-            emu.PREFIX.local.name = w.name
+            vw.PREFIX.local.name = w.name
             try:
-                emu.log(level, where, msg)
+                vw.log(level, where, msg)
             finally:
-                emu.PREFIX.local.name = None
+                vw.PREFIX.local.name = None
 
 
 # --------------------------------------------------------------------------- the wire
@@ -298,7 +298,7 @@ class MpExecutor:
         except OSError as e:
             sock.close()
             code, name = -(e.errno or 0), {98: "EADDRINUSE", 13: "EACCES"}.get(e.errno or 0, "UNKNOWN")
-            raise emu.EngineFailed(DistNetworkError(
+            raise vw.EngineFailed(DistNetworkError(
                 "The server socket has failed to listen on any local network address. port: "
                 f"{port}, useIpv6: false, code: {code}, name: {name}, message: {(e.strerror or '').lower()}")) from None
         sock.setblocking(False)
@@ -306,8 +306,8 @@ class MpExecutor:
 
     def wait_for_nodes(self) -> None:
         a = self.args
-        emu.log("INFO", f"{WHERE_MP}:129", f"DP group leader: node_rank=0, node_rank_within_dp=0, "
-                f"master_addr={a.master_addr}, mq_connect_ip={emu._host_ip()} (local), world_size={self.world}, "
+        vw.log("INFO", f"{WHERE_MP}:129", f"DP group leader: node_rank=0, node_rank_within_dp=0, "
+                f"master_addr={a.master_addr}, mq_connect_ip={vw._host_ip()} (local), world_size={self.world}, "
                 f"local_world_size={self.local}")
         self.listen()
         assert self.listener is not None
@@ -319,12 +319,12 @@ class MpExecutor:
         while len(self.remotes) < need:
             now = time.monotonic()
             if now - start >= limit:
-                raise emu.EngineFailed(DistStoreError(
+                raise vw.EngineFailed(DistStoreError(
                     f"Timed out after {limit + 1:.0f} seconds waiting for clients. "
                     f"{len(self.remotes) + 1}/{self.nnodes} clients joined."))
             if now >= next_note:  # MODELLED: vLLM waits in silence here
                 missing = need - len(self.remotes)
-                emu.log("INFO", f"{WHERE_MP}:151", f"Waiting for {missing} of {need} headless node(s) to join "
+                vw.log("INFO", f"{WHERE_MP}:151", f"Waiting for {missing} of {need} headless node(s) to join "
                         f"the torch.distributed process group at {a.master_addr}:{a.master_port} "
                         f"({now - start:.0f} s so far, timeout {limit:.0f} s).")
                 next_note, interval = now + interval, interval * 2
@@ -361,7 +361,7 @@ class MpExecutor:
         elif not isinstance(rank, int) or not 0 < rank < self.nnodes or rank in self.remotes:
             reason = f"node rank {rank} is taken or out of range"
         if reason:
-            emu.log("WARNING", f"{WHERE_MP}:160", f"Refused node {hello.get('host')}: {reason}.")  # MODELLED
+            vw.log("WARNING", f"{WHERE_MP}:160", f"Refused node {hello.get('host')}: {reason}.")  # MODELLED
             ch.send({"op": "reject", "reason": reason})
             ch.close()
             return
@@ -380,8 +380,8 @@ class MpExecutor:
             if self.ranks.errors:
                 _, err = min(self.ranks.errors.items())
                 if init:
-                    raise emu.EngineFailed(_init_failed())
-                raise emu.EngineFailed(_worker_failed(err))
+                    raise vw.EngineFailed(_init_failed())
+                raise vw.EngineFailed(_worker_failed(err))
             if self.ranks.done() and len(answered) == len(self.remotes):
                 break
             for node, r in self.remotes.items():
@@ -396,8 +396,8 @@ class MpExecutor:
                     elif msg.get("op") == "error":
                         if init:  # the rank's WorkerProc died: its node's log has the traceback
                             self._died_line(int(msg.get("rank", r.ranks[0])))
-                            raise emu.EngineFailed(_init_failed())
-                        raise emu.EngineFailed(_worker_failed(msg.get("error", "")))
+                            raise vw.EngineFailed(_init_failed())
+                        raise vw.EngineFailed(_worker_failed(msg.get("error", "")))
             if not self.remotes:
                 time.sleep(0.05)
         out = [self.ranks.results.get(w.rank) for w in self.ranks.workers]
@@ -406,19 +406,19 @@ class MpExecutor:
         return out
 
     def _died_line(self, rank: int) -> None:
-        emu.log("ERROR", f"{WHERE_MP}:316", f"Worker proc VllmWorker-{rank} died unexpectedly (exit code: -9), "
+        vw.log("ERROR", f"{WHERE_MP}:316", f"Worker proc VllmWorker-{rank} died unexpectedly (exit code: -9), "
                 "shutting down executor.")
 
     def _remote_died(self, r: _Remote, init: bool) -> None:
         self._died_line(r.ranks[0])
-        raise emu.EngineFailed(_init_failed() if init else RuntimeError("Executor failed."))
+        raise vw.EngineFailed(_init_failed() if init else RuntimeError("Executor failed."))
 
     def run(self, max_len: int) -> None:
         _reducing_parallelism()
         self.wait_for_nodes()
         self.call("init_device", max_len)
         self.call("load_model", max_len)
-        emu.PREFIX.wait_for("Model loading took", 1, 2.0)
+        vw.PREFIX.wait_for("Model loading took", 1, 2.0)
         if self.fault == "silent-death":
             os._exit(137)
         self.call("compile_and_profile", max_len)
@@ -426,16 +426,16 @@ class MpExecutor:
 
     # ---- while serving
     def _monitor(self) -> None:
-        emu.PREFIX.local.name = "EngineCore"
+        vw.PREFIX.local.name = "EngineCore"
         while not self.closing:
             for r in list(self.remotes.values()):
                 msgs = r.channel.poll(0.2)
                 if msgs is None and not self.closing:
                     self._died_line(r.ranks[0])
-                    emu.log("ERROR", "core.py:1013", "EngineCore encountered a fatal error.")
-                    emu.PREFIX.local.name = "APIServer"
-                    emu.log("ERROR", "async_llm.py:486", "AsyncLLM output_handler failed.")
-                    emu._fatal_traceback(EngineDeadError(
+                    vw.log("ERROR", "core.py:1013", "EngineCore encountered a fatal error.")
+                    vw.PREFIX.local.name = "APIServer"
+                    vw.log("ERROR", "async_llm.py:486", "AsyncLLM output_handler failed.")
+                    vw.fatal_traceback(EngineDeadError(
                         "EngineCore encountered an issue. See stack trace (above) for the root cause."))
                     if self.on_dead is not None:
                         self.on_dead()
@@ -519,7 +519,7 @@ def _connect(args: argparse.Namespace, limit: float) -> Channel:
 def run_headless(args: argparse.Namespace, snapshot: Path, world: int, max_len: int) -> int:
     """A node of rank > 0: run this node's ranks as the head says; exit with the head."""
     head = f"{args.master_addr}:{args.master_port}"
-    emu.log("INFO", WHERE_HEADLESS, f"Launching vLLM (v{emu.VERSION}) headless multiproc executor, with head node "
+    vw.log("INFO", WHERE_HEADLESS, f"Launching vLLM (v{vw.VERSION}) headless multiproc executor, with head node "
             f"address {head} for torch.distributed process group.")
     _reducing_parallelism()
     fault = os.environ.get("SPARK_LAB_FAULT", "")
@@ -529,14 +529,14 @@ def run_headless(args: argparse.Namespace, snapshot: Path, world: int, max_len: 
         try:
             channel = _connect(args, timeout_s())
         except DistNetworkError as e:
-            emu._fatal_traceback(e)
+            vw.fatal_traceback(e)
             return 1
         channel.send({"op": "hello", "node_rank": args.node_rank, "nnodes": args.nnodes, "world": world,
                       "model": args.model, "host": socket.gethostname(), "pid": os.getpid()})
         return _serve_head(args, channel, ranks, max_len, head)
-    except emu._Terminated:  # SIGTERM / SIGINT
+    except vw.Terminated:  # SIGTERM / SIGINT
         ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")
-        emu.log("INFO", "serve.py:247", "Shutting down.")
+        vw.log("INFO", "serve.py:247", "Shutting down.")
         return 0
     finally:
         ranks.release()
@@ -550,21 +550,21 @@ def _serve_head(args: argparse.Namespace, channel: Channel, ranks: LocalRanks, m
     while True:
         msgs = channel.poll(0.1)
         if msgs is None:  # MODELLED: the head stopped or died without a word
-            emu.log("ERROR", f"{WHERE_MP}:745", f"Lost the connection to the head node at {head}: the engine is "
+            vw.log("ERROR", f"{WHERE_MP}:745", f"Lost the connection to the head node at {head}: the engine is "
                     "gone. Shutting down this node's workers.")
             return 1
         for msg in msgs:
             op = msg.get("op")
             if op == "reject":
-                emu.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} refused this node: "
+                vw.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} refused this node: "
                         f"{msg.get('reason')}.")
                 return 1
             if op == "shutdown":
                 ok = bool(msg.get("ok"))
                 if ok:
-                    emu.log("INFO", f"{WHERE_MP}:745", f"The head node at {head} stopped the engine.")
+                    vw.log("INFO", f"{WHERE_MP}:745", f"The head node at {head} stopped the engine.")
                 else:
-                    emu.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} shut the engine down after "
+                    vw.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} shut the engine down after "
                             "a failure.")
                 ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")
                 return 0 if ok and failed_at is None else 1

@@ -436,6 +436,10 @@ def _host_ip() -> str:
         return "127.0.0.1"
 
 
+class Terminated(Exception):
+    """SIGTERM or SIGINT, raised where the engine (or a headless node) waits, so it shuts down in order."""
+
+
 class EngineFailed(Exception):
     pass
 

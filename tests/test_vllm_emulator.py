@@ -29,7 +29,7 @@ from spark_cluster_lab.node_memory import (
     NodeMemory,
     parse_bytes,
 )
-from spark_cluster_lab.standins.nvidia import gpu_processes
+from spark_cluster_lab.standins.gpu import gpu_processes
 from spark_cluster_lab.state import (
     GIB_KIB,
     MEM_TOTAL_KIB,

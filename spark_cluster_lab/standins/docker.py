@@ -17,7 +17,7 @@ import time
 from spark_cluster_lab.standins import containers as ct
 from spark_cluster_lab.standins.common import Ctx, err, out
 from spark_cluster_lab.standins.docker_cli import (
-    BUILD, VERSION, Usage, any_of, last, normalize, options, pull_error,
+    BUILD, VERSION, Usage, any_of, last, normalize, options,
 )
 from spark_cluster_lab.standins.docker_fmt import TemplateError, format_rows, human_duration, table
 
@@ -206,13 +206,6 @@ def cmd_top(ctx: Ctx, argv: list[str]) -> int:
     return 0
 
 
-def cmd_pull(ctx: Ctx, argv: list[str]) -> int:
-    _, rest = options(argv, {"--platform"}, {"-q", "--quiet", "-a", "--all-tags"}, "pull")
-    if len(rest) != 1:
-        raise Usage("\"docker pull\" requires exactly 1 argument.")
-    raise Usage(pull_error(rest[0]))
-
-
 def _in_docker_group() -> bool:
     """The daemon's socket is root:docker 0660: root or a member of the group gets in."""
     import grp
@@ -236,14 +229,14 @@ def docker(ctx: Ctx, argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "container" and rest:
         cmd, rest = {"ls": "ps", "list": "ps", "remove": "rm"}.get(rest[0], rest[0]), rest[1:]
-    commands = {"ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop, "rm": cmd_rm, "pull": cmd_pull, "top": cmd_top,
+    commands = {"ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop, "rm": cmd_rm, "top": cmd_top,
                 "kill": lambda c, a: cmd_stop(c, a, force=True)}
     from spark_cluster_lab.standins.docker_images import (
-        cmd_image, cmd_images, cmd_info, cmd_inspect, cmd_rmi, cmd_tag, cmd_version,
+        cmd_image, cmd_images, cmd_info, cmd_inspect, cmd_pull, cmd_rmi, cmd_tag, cmd_version,
     )
 
     commands.update(version=cmd_version, info=cmd_info, images=cmd_images, image=cmd_image, inspect=cmd_inspect,
-                    tag=cmd_tag, rmi=cmd_rmi)
+                    pull=cmd_pull, tag=cmd_tag, rmi=cmd_rmi)
     try:
         if cmd in ("run", "exec"):
             from spark_cluster_lab.standins import docker_run

@@ -7,7 +7,7 @@ import time
 from spark_cluster_lab.standins import containers as ct
 from spark_cluster_lab.standins.common import Ctx, err, out
 from spark_cluster_lab.standins.docker_cli import (
-    BUILD, VERSION, Usage, any_of, find_image, last, normalize, options, print_json, template_out,
+    BUILD, VERSION, Usage, any_of, find_image, last, normalize, options, print_json, pull_error, template_out,
 )
 from spark_cluster_lab.standins.docker_fmt import format_rows, human_duration, human_size, iso, parse_iso, table
 
@@ -178,8 +178,6 @@ def cmd_image(ctx: Ctx, argv: list[str]) -> int:
     if sub in ("rm", "remove"):
         return cmd_rmi(ctx, rest)
     if sub == "pull":
-        from spark_cluster_lab.standins.docker import cmd_pull
-
         return cmd_pull(ctx, rest)
     if sub == "tag":
         return cmd_tag(ctx, rest)
@@ -212,6 +210,13 @@ def cmd_inspect(ctx: Ctx, argv: list[str], kind: str | None = None) -> int:
     else:
         print_json(found)
     return rc
+
+
+def cmd_pull(ctx: Ctx, argv: list[str]) -> int:
+    _, rest = options(argv, {"--platform"}, {"-q", "--quiet", "-a", "--all-tags"}, "pull")
+    if len(rest) != 1:
+        raise Usage("\"docker pull\" requires exactly 1 argument.")
+    raise Usage(pull_error(rest[0]))
 
 
 def cmd_tag(ctx: Ctx, argv: list[str]) -> int:

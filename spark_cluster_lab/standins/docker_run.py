@@ -58,7 +58,7 @@ def _env(opts: dict[str, list[str]]) -> dict[str, str]:
 
 
 def _gpu_error(state: dict[str, Any]) -> str | None:
-    from spark_cluster_lab.standins.nvidia import driver_error
+    from spark_cluster_lab.standins.gpu import driver_error
 
     failed = driver_error(state)
     if failed is None:

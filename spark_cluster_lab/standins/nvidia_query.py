@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from spark_cluster_lab.standins.nvidia import CUDA_VERSION, gpu_processes
+from spark_cluster_lab.standins.gpu import CUDA_VERSION, gpu_processes
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
 if TYPE_CHECKING:
