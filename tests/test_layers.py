@@ -164,3 +164,31 @@ def test_help_loads_no_ssh_library() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paramiko', 'fabric', 'invoke', 'httpx')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# What `--help` may not load: the SSH stack, HTTP, YAML and the layers that use them. Listing the
+# commands needs click, the console and the commands' own modules, nothing that talks to a node.
+HEAVY_FOR_HELP = ("paramiko", "fabric", "invoke", "httpx", "cryptography", "yaml",
+                  "spark_cluster.transport", "spark_cluster.ops", "spark_cluster.core.inventory")
+# Modules `--help` may add to what `import click` loads: 113 when this was written (rich's console
+# is most of them); the 150 before the inventory and rich.progress moved into the commands.
+HELP_MODULE_BUDGET = 135
+
+
+def _imported(code: str) -> list[str]:
+    """The modules a fresh interpreter imports to run `code`, in order, from -X importtime
+    (counting modules does not depend on how busy the machine is, as timing them would)."""
+    err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stderr
+    return [line.rpartition("|")[2].strip() for line in err.splitlines()
+            if line.startswith("import time:") and "self [us]" not in line]
+
+
+def test_help_imports_little() -> None:
+    help_run = _imported("import sys; sys.argv = ['spark-cluster', '--help']\n"
+                         "from spark_cluster.cli import main\n"
+                         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+    heavy = sorted({m for m in help_run if any(m == h or m.startswith(h + ".") for h in HEAVY_FOR_HELP)})
+    assert heavy == []
+    added = set(help_run) - set(_imported("import click"))
+    assert len(added) <= HELP_MODULE_BUDGET, sorted(added)

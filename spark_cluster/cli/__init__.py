@@ -17,7 +17,6 @@ import click
 from spark_cluster import __version__, ui
 from spark_cluster.cli import diagnose, guard, link, nodes, observe, preflight, serve, service, supervise
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.core.inventory import InventoryError
 
 DEBUG_LOG = Path("~/.spark-cluster/debug.log").expanduser()
 
@@ -54,15 +53,18 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         code = exc.exit_code
-    except InventoryError as exc:
-        for problem in exc.problems:
-            ui.err_console.print(str(problem), markup=False)
-        count = len(exc.problems)
-        ui.err_console.print(f"{count} problem{'s' * (count != 1)}; fix {'them' if count > 1 else 'it'} and run again",
-                             style="red")
-        code = exc.exit_code
     except SparkClusterError as exc:
-        ui.error(str(exc))
+        # Imported only now: `--help` must not load the inventory's code (YAML, the schema).
+        from spark_cluster.core.inventory import InventoryError
+
+        if isinstance(exc, InventoryError):
+            for problem in exc.problems:
+                ui.err_console.print(str(problem), markup=False)
+            count = len(exc.problems)
+            ui.err_console.print(f"{count} problem{'s' * (count != 1)}; fix {'them' if count > 1 else 'it'} "
+                                 "and run again", style="red")
+        else:
+            ui.error(str(exc))
         code = exc.exit_code
     except KeyboardInterrupt:
         ui.error("interrupted")

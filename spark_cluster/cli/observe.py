@@ -10,7 +10,6 @@ import click
 
 from spark_cluster import ui
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.core.inventory import load_inventory
 
 
 @click.command()
@@ -18,6 +17,7 @@ from spark_cluster.core.inventory import load_inventory
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(inventory: str, as_json: bool) -> int:
     """Every layer: each node (memory, GPU, links), Ray (nodes alive, GPUs), vLLM (health, metrics)."""
+    from spark_cluster.core.inventory import load_inventory
     from spark_cluster.ops.health import collect_status
     from spark_cluster.ops.nodes import fleet_for
 
@@ -40,6 +40,7 @@ def status(inventory: str, as_json: bool) -> int:
 def watch(inventory: str, interval: float, restart_on_failure: bool, max_restarts: int,
           count: int | None) -> int:
     """A live dashboard of every layer, refreshed each second; optionally restarts a dead vLLM."""
+    from spark_cluster.core.inventory import load_inventory
     from spark_cluster.ops.health import collect_status
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
@@ -84,6 +85,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     tok/s aggregate at 1 / 2 / 4 for Qwen3-235B on two Sparks). Exit 1 if any request failed.
     """
     from spark_cluster.core.errors import UsageError
+    from spark_cluster.core.inventory import load_inventory
     from spark_cluster.core.serve_plan import serve_plan
     from spark_cluster.ops import bench as sweep_
     from spark_cluster.ops.nodes import fleet_for

@@ -7,15 +7,14 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
-)
 from rich.text import Text
 
 from spark_cluster.core.errors import SparkClusterError, StoppedFollowing
-from spark_cluster.core.inventory import Inventory
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from spark_cluster.core.inventory import Inventory
     from spark_cluster.transport.remote import FleetResult, Result
 
 console = Console(highlight=False, soft_wrap=True)
@@ -502,6 +501,10 @@ class SyncView:
         elif event == "copy":
             total = int(data["bytes"])  # type: ignore[arg-type]
             if console.is_terminal:
+                from rich.progress import (  # only here: every command's start would pay for it
+                    BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+                )
+
                 self._bar = Progress(TextColumn(f"  {data['node']}"), BarColumn(), DownloadColumn(),
                                      TransferSpeedColumn(), TimeRemainingColumn(), console=console)
                 self._bar.start()
