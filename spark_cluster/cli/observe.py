@@ -81,8 +81,8 @@ def watch(inventory: str, interval: float, restart_on_failure: bool, max_restart
 def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None, as_json: bool) -> int:
     """Streamed chat completions at each concurrency: tok/s per request and aggregate, time to first token.
 
-    Compared with the recipe's published figures where it has them (seed 003: 17.0 / 24.1 / 36.4
-    tok/s aggregate at 1 / 2 / 4 for Qwen3-235B on two Sparks). Exit 1 if any request failed.
+    Compared with the recipe's published figures where it has them (the Qwen3-235B recipe: 17.0 /
+    24.1 / 36.4 tok/s aggregate at 1 / 2 / 4 on two Sparks). Exit 1 if any request failed.
     """
     from spark_cluster.core.errors import UsageError
     from spark_cluster.core.inventory import load_inventory
