@@ -7,7 +7,6 @@ import json
 import click
 
 from spark_cluster import ui
-from spark_cluster.core.inventory import load_inventory
 
 USER = click.option("--user", "user", is_flag=True,
                     help="A unit of your own (~/.config/systemd/user) instead of a system unit.")
@@ -30,6 +29,8 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
             dry_run: bool) -> int:
     """Write the unit (restart on failure, after network-online) and an EnvironmentFile of mode
     0600 with the secrets supervise needs, then enable and start it."""
+    from spark_cluster.core.inventory import load_inventory
+
     from spark_cluster.ops import service as svc
 
     inv = load_inventory(inventory)
@@ -51,6 +52,8 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
 @USER
 def uninstall(inventory: str, user: bool) -> int:
     """Stop and disable the service (the cluster keeps serving), remove its unit and environment file."""
+    from spark_cluster.core.inventory import load_inventory
+
     from spark_cluster.ops import service as svc
 
     removed = svc.uninstall(load_inventory(inventory), user)
@@ -64,6 +67,8 @@ def uninstall(inventory: str, user: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(inventory: str, user: bool, as_json: bool) -> int:
     """Installed?, active?, restarts, and the last lines supervise logged."""
+    from spark_cluster.core.inventory import load_inventory
+
     from spark_cluster.ops import service as svc
 
     data = svc.status(load_inventory(inventory), user)
