@@ -20,6 +20,7 @@ from spark_cluster.core.errors import ConnectError
 from spark_cluster.core.facts import GIB, KIB, NodeFacts, parse_facts
 from spark_cluster.core.facts_probe import probes_for
 from spark_cluster.core.inventory import Inventory, parse_inventory
+from spark_cluster.core.serve_plan import serve_plan_or_none
 from spark_cluster.ops.playbook import PLAYBOOK_DIR, PlaybookError, fill, load_playbook, playbooks, quote_param
 from spark_cluster.ops.preflight import FactsUnavailable, Report, unreachable
 from spark_cluster.ui.report_view import finding_dict, fix_commands, node_summary, report_dict
@@ -257,7 +258,7 @@ def facts_of(raws: dict[str, dict[str, Any]], clock_skew: dict[str, float] | Non
 
 def findings_of(raws: dict[str, dict[str, Any]], inventory: Inventory = INVENTORY,
                 **kwargs: Any) -> list[Finding]:
-    return run_checks(inventory, facts_of(raws, **kwargs))
+    return run_checks(inventory, facts_of(raws, **kwargs), serve_plan_or_none(inventory))
 
 
 def blockers(findings: list[Finding]) -> list[tuple[str, str]]:
@@ -464,7 +465,7 @@ def test_healthy_cluster_has_no_findings() -> None:
     facts = facts_of(healthy_cluster())
     assert facts["spark-b"].interfaces["enp1s0f1np1"].addresses == ("192.168.100.11/24",)
     assert facts["spark-a"].kernel == KERNEL and facts["spark-a"].userspace_driver == DRIVER
-    assert run_checks(INVENTORY, facts) == []
+    assert run_checks(INVENTORY, facts, serve_plan_or_none(INVENTORY)) == []
 
 
 # --- each lab fault gives its one finding, on its node ----------------------------------------------
@@ -934,7 +935,7 @@ def test_unreachable_nodes() -> None:
     gone = unreachable("spark-a", FactsUnavailable("spark-a: the fact gatherer did not answer with facts"))
     assert gone.id == "facts.unavailable" and gone.blocking
     # A node that did not answer is left out of the checks, not guessed at.
-    assert run_checks(INVENTORY, facts_of({"spark-a": healthy_raw("spark-a", 0)})) == []
+    assert run_checks(INVENTORY, facts_of({"spark-a": healthy_raw("spark-a", 0)}), serve_plan_or_none(INVENTORY)) == []
 
 
 # --- every finding's fix renders; playbooks are consistent ---------------------------------------------
@@ -1060,7 +1061,7 @@ def test_docs_document_every_id_and_json_field() -> None:
     assert headings == ALL_IDS
     raws, _ = lab_fault("kernel-update")
     facts = facts_of(raws)
-    report = Report(facts, tuple(run_checks(INVENTORY, facts)), 1.23456)
+    report = Report(facts, tuple(run_checks(INVENTORY, facts, serve_plan_or_none(INVENTORY))), 1.23456)
     data = report_dict(report, ["spark-a", "spark-b"])
     fields = set(data) | set(data["findings"][0]) | set(data["findings"][0]["fix"]) \
         | set(node_summary(facts["spark-a"])) | set(next(iter(data["nodes"]["spark-a"]["links"].values())))
@@ -1073,7 +1074,7 @@ def test_docs_document_every_id_and_json_field() -> None:
 def test_report_dict() -> None:
     raws, _ = lab_fault("kernel-update")
     facts = facts_of(raws)
-    findings = run_checks(INVENTORY, facts)
+    findings = run_checks(INVENTORY, facts, serve_plan_or_none(INVENTORY))
     report = Report(facts, tuple(findings), 1.23456)
     data = report_dict(report, ["spark-a", "spark-b", "spark-c"])
     json.dumps(data)  # serialisable as it is
@@ -1274,7 +1275,7 @@ def test_memory_against_the_recipe_utilisation_on_unified_memory() -> None:
         set_probe(raw, "model_files", probe(rc=1, err="find: No such file or directory\n"))
     set_probe(raws["spark-b"], "meminfo", meminfo(available_kib=100 * GIB // KIB, cached_kib=GIB // KIB))
     lab_facts = facts_of(raws)
-    findings = run_checks(lab, lab_facts)
+    findings = run_checks(lab, lab_facts, serve_plan_or_none(lab))
     low = only(findings, "memory.low")
     assert low.node == "spark-b" and "105.9 GiB per node" in low.message and "0.87" in low.message
     # The recipe's checkpoint is looked for (and missing everywhere) though the inventory names no model.

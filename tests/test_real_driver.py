@@ -33,6 +33,7 @@ def test_real_driver_facts_parse() -> None:
 
 def test_checks_on_a_real_driver_find_no_driver_fault() -> None:
     from spark_cluster.core.checks import run_checks
+    from spark_cluster.core.serve_plan import serve_plan_or_none
     from spark_cluster.core.inventory import parse_inventory
 
     inventory = parse_inventory(
@@ -43,6 +44,6 @@ def test_checks_on_a_real_driver_find_no_driver_fault() -> None:
         "local.yaml",
     )
     facts = parse_facts("gpu-host", json.loads(FIXTURE.read_text()))
-    ids = {f.id for f in run_checks(inventory, {"gpu-host": facts})}
+    ids = {f.id for f in run_checks(inventory, {"gpu-host": facts}, serve_plan_or_none(inventory))}
     # The driver answers: no driver finding, though this machine has no lsmod to ask.
     assert not {i for i in ids if i.startswith("driver.")}, ids

@@ -191,3 +191,25 @@ def test_up_dry_run_of_the_lab_inventory_shows_the_033_spelling(tmp_path: Path) 
     launch = next(line for line in done.stdout.splitlines() if " serve openai/gpt-oss-120b " in line)
     assert "--moe-backend marlin" in launch and "VLLM_MXFP4_USE_MARLIN" not in launch
     assert done.stdout.startswith("# recipe gpt-oss-120b spelled for vLLM >=0.32,<0.34")
+
+
+def test_the_installed_vllm_remakes_the_plan_only_for_another_variant() -> None:
+    from spark_cluster.core.serve_plan import for_installed_vllm
+    from spark_cluster.ops.events import VllmVersion
+
+    plan = serve_plan(GPT_OSS)  # spelled for the newest variant
+    same = for_installed_vllm(GPT_OSS, plan, "0.33.0")
+    assert same == dataclasses.replace(plan, vllm_version="0.33.0")
+    other = for_installed_vllm(GPT_OSS, plan, "0.20.1")
+    assert other == serve_plan(GPT_OSS, vllm_version="0.20.1") and other.vllm_variant != plan.vllm_variant
+    seen: list[object] = []
+    report = SimpleNamespace(facts={"spark-a": SimpleNamespace(runtime_versions={"vllm": "0.20.1"})})
+    plan_for_installed_vllm(GPT_OSS, plan, report, seen.append)
+    assert seen == [VllmVersion("spark-a", "0.20.1", other.vllm_variant, "gpt-oss-120b")]
+
+
+def test_the_plan_carries_the_memory_fraction_vllm_asks_for() -> None:
+    assert serve_plan(GPT_OSS).gpu_memory_utilization == 0.9
+    half = dataclasses.replace(GPT_OSS, model=dataclasses.replace(
+        GPT_OSS.model, args=("--gpu-memory-utilization=0.5",)))
+    assert serve_plan(half).gpu_memory_utilization == 0.5

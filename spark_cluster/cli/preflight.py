@@ -22,13 +22,14 @@ def check(inventory: str, as_json: bool) -> int:
     Exit 0 with no blocker, 1 with any, 2 on bad input.
     """
     from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.core.serve_plan import serve_plan_or_none
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.preflight import preflight
     from spark_cluster.ui.report_view import report_dict
 
     inv = load_inventory(inventory)
     with fleet_for(inv) as fleet:
-        report = preflight(inv, fleet)
+        report = preflight(inv, fleet, serve_plan_or_none(inv))
     data = report_dict(report, [n.name for n in inv.nodes])
     if as_json:
         ui.console.out(json.dumps(data, indent=2))
@@ -50,16 +51,18 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
         reboot_wait: float, ask_sudo_pass: bool) -> int:
     """Run the playbooks that the blocking findings name, then check again."""
     from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.core.serve_plan import serve_plan_or_none
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.preflight import preflight
     from spark_cluster.ops.repair import approvals, execute, plans_for
 
     inv = load_inventory(inventory)
+    plan = serve_plan_or_none(inv)  # once: both checks judge memory against the same launch
     password = getpass.getpass("sudo password for the nodes: ") if ask_sudo_pass else None
     lock = cluster_lock(inv.cluster.name, command="fix") if not dry_run else contextlib.nullcontext()
     with fleet_for(inv, sudo_password=password) as fleet, lock:
-        before = preflight(inv, fleet)
+        before = preflight(inv, fleet, plan)
         plans = plans_for(before.findings, only)
         unfixable = [f for f in before.blockers if f.fix is None or f.fix.playbook is None]
         ui.fix_plan(plans, sudo_password=password is not None)
@@ -78,7 +81,7 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
         results = execute(fleet, plans, approved, allow_reboot, reboot_wait,
                           progress=lambda node, text: ui.console.print(f"{node}  {text}"))
         ui.fix_results(results)
-        after = preflight(inv, fleet)
+        after = preflight(inv, fleet, plan)
     _report_change(before, after, results)
     return 0 if not after.blockers else 1
 

@@ -29,6 +29,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     """Check every node, bring Ray up over the link, launch vLLM and follow it until it serves."""
     from spark_cluster.core.inventory import load_inventory
     from spark_cluster.core.serve_plan import serve_plan
+    from spark_cluster.core.serve_plan import serve_plan, serve_plan_or_none
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.pipeline import Run
@@ -36,11 +37,14 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     from spark_cluster.ui.up_view import UpView
 
     inv = load_inventory(inventory)
-    plan = serve_plan(inv) if until == "vllm" or dry_run else None
-    if dry_run and plan is not None:
+    # The one launch plan of this `up`, carried through every stage. Stopping before vLLM, a
+    # plan error is not this run's to report: check then judges memory without a plan.
+    launches = until == "vllm" or dry_run
+    plan = serve_plan(inv) if launches else serve_plan_or_none(inv)
+    if dry_run:
         ui.console.out(plan.render())
         return 0
-    if plan is not None:
+    if launches:
         from spark_cluster.ops.serve import secret_values
 
         secret_values(plan.head)  # a key named but not set here: say so before anything starts

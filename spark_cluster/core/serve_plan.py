@@ -16,6 +16,7 @@ the head's shell (``NodeCommand.secrets``), so it is on no command line and in n
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import shlex
@@ -30,12 +31,16 @@ from spark_cluster.core.ray_plan import auth_warning, container_name, node_env, 
 from spark_cluster.core.recipes import Recipe, load_recipe
 from spark_cluster.core.secrets import REDACTED, is_secret
 
-__all__ = ["API_PORT", "NodeCommand", "ServePlan", "ServePlanError", "merge_args", "parse_argv", "serve_plan"]
+__all__ = ["API_PORT", "NodeCommand", "ServePlan", "ServePlanError", "for_installed_vllm", "merge_args", "parse_argv",
+           "serve_plan", "serve_plan_or_none"]
 
 API_PORT = 8000
 API_KEY_VAR = "VLLM_API_KEY"  # vLLM's own: its API server takes the key from here as from --api-key
 CONTAINER_HF_HOME = "/root/.cache/huggingface"  # where ray_plan.docker_run mounts the node's HF cache
 VLLM_MODULE = "vllm.entrypoints.cli.main"  # the `vllm` console script, for `python -m` on hosts
+# vLLM's default --gpu-memory-utilization; on unified memory it must find this fraction of the
+# node's whole memory free when it starts, whatever the weights.
+VLLM_DEFAULT_UTILIZATION = 0.9
 
 # Short spellings vLLM accepts, written out so an override meets the recipe's flag.
 _ALIASES = {
@@ -128,6 +133,9 @@ class ServePlan:
     port: int = API_PORT
     # How a user on another machine reaches a loopback/link endpoint: an SSH forward.
     forward: str | None = None
+    # The fraction of each node's memory vLLM asks for at start (--gpu-memory-utilization, vLLM's
+    # default when unset; None: a value that is no number, which vLLM itself will refuse).
+    gpu_memory_utilization: float | None = VLLM_DEFAULT_UTILIZATION
 
     @property
     def head(self) -> NodeCommand:
@@ -300,7 +308,30 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
         weights_gib_per_node=_weights(recipe, world),
         pitfalls=recipe.pitfalls if recipe else (), warnings=tuple(warnings),
         listen=listen, bind_host=bind_host, port=port, forward=forward,
+        gpu_memory_utilization=_utilization(next(c for c in commands if c.is_head).argv),
     )
+
+
+def serve_plan_or_none(inventory: Inventory) -> ServePlan | None:
+    """The plan, or None where the inventory makes none (no model, a plan error): for commands
+    such as `check` that read the plan's figures but leave its errors to `up`."""
+    if inventory.model is None:
+        return None
+    try:
+        return serve_plan(inventory)
+    except UsageError:
+        return None
+
+
+def for_installed_vllm(inventory: Inventory, plan: ServePlan, version: str) -> ServePlan:
+    """``plan`` in the spelling of the installed vLLM ``version``: built again only when the
+    recipe has a variant for that version other than the one ``plan`` is spelled in. A RecipeError
+    names the versions the recipe knows when none covers ``version``."""
+    if plan.vllm_variant is not None and plan.recipe is not None:
+        variant = load_recipe(plan.recipe).for_vllm(version).variant
+        if variant is None or variant.describe() != plan.vllm_variant:
+            return serve_plan(inventory, vllm_version=version)
+    return dataclasses.replace(plan, vllm_version=version)
 
 
 def parse_argv(words: Iterable[str]) -> Args:
@@ -371,6 +402,16 @@ def _set_default(args: Args, flag: str, default: str, as_int: bool = True):  # t
     if number < 1:
         raise ServePlanError(f"{flag} must be at least 1, got {number}")
     return number
+
+
+def _utilization(head_argv: tuple[str, ...]) -> float | None:
+    argv = list(head_argv)
+    if "--gpu-memory-utilization" in argv[:-1]:
+        try:
+            return float(argv[argv.index("--gpu-memory-utilization") + 1])
+        except ValueError:
+            return None
+    return VLLM_DEFAULT_UTILIZATION
 
 
 def _launcher(inventory: Inventory) -> tuple[str, ...]:

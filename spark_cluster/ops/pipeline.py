@@ -1,21 +1,12 @@
 """`up` as stages in order: check, stage weights (when the inventory asks), runtime (Ray or
 vLLM's own multi-node mode), vLLM, follow. Each stage is a function that takes what the one
-before returned (the `Run`, with that stage's result added) and reports through `emit`; the
-CLI renders the events as the human view and as `--json` lines. Nothing here prints.
+before returned (the `Run`, with that stage's result added) and reports through `emit`, one
+record of ops.events per event; the CLI renders them as the human view and as `--json` lines.
+Nothing here prints.
 
-Events, in order (data in brackets):
-    stage [number, name, detail]                    a stage begins
-    pull-line [node, line], pulled [image, nodes]   an image is pulled where it is missing
-    check-blocked [report], check [ok, seconds]     check's verdict
-    vllm-version [node, version, variant, recipe]   the recipe spelled for the vLLM check found
-    weights-event [kind, data], weights [...]       sync's own events, then its result
-    restart-stop [node]                             --restart stops a running vLLM first
-    ray-wait [message, state], ray [result]         Ray coming up, then up
-    runtime [executor, runtime, seconds, started]   executor mp
-    vllm-reused [plan], vllm-following [node]       a running vLLM kept, or a start followed
-    follow-start, progress [progress], follow-end   the start as it goes
-    ready [plan, progress | None]                   it serves
-    done [seconds, until]
+The launch plan is made once, before the first stage, and carried in the `Run`: check judges
+memory by its figures, and only a recipe with a variant for the installed vLLM other than the
+one the plan is spelled in makes it again, in that spelling.
 """
 
 from __future__ import annotations
@@ -25,13 +16,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_cluster.core.errors import SparkClusterError, StoppedFollowing
 from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.serve_plan import ServePlan
+from spark_cluster.ops import events
+from spark_cluster.ops.events import Emit
 from spark_cluster.transport.remote import Fleet
 
-Emit = Callable[..., None]
+if TYPE_CHECKING:
+    from spark_cluster.ops.follow import Progress
+    from spark_cluster.ops.preflight import Report
 
 
 @dataclass
@@ -40,7 +36,9 @@ class Run:
 
     inventory: Inventory
     fleet: Fleet
-    plan: Any  # ServePlan, or None when `until` stops before vLLM
+    # The launch, made once per `up`. Stopping before vLLM: None where the inventory makes no
+    # plan (check then judges memory without one).
+    plan: ServePlan | None
     emit: Emit
     until: str = "vllm"
     restart: bool = False
@@ -48,10 +46,10 @@ class Run:
     stalled_after: float = 1800.0
     started: float = field(default_factory=time.monotonic)
     stage: int = 0
-    report: Any = None  # preflight Report
+    report: Report | None = None
     weights: dict | None = None  # sync's result
-    runtime: Any = None  # RayUp, or the containers started for executor mp
-    progress: Any = None  # follow.Progress once vLLM serves
+    runtime: Any = None  # ray_cluster.UpResult, or the containers started for executor mp
+    progress: Progress | None = None  # once vLLM serves
 
     @property
     def hint_path(self) -> str:
@@ -59,7 +57,7 @@ class Run:
 
     def begin(self, name: str, detail: str) -> None:
         self.stage += 1
-        self.emit("stage", number=self.stage, name=name, detail=detail)
+        self.emit(events.Stage(self.stage, name, detail))
 
 
 def check(run: Run) -> Run:
@@ -68,37 +66,38 @@ def check(run: Run) -> Run:
 
     inv = run.inventory
     run.begin("check", f"{len(inv.nodes)} nodes")
-    report = preflight(inv, run.fleet)
+    report = preflight(inv, run.fleet, run.plan)
     lacking = [f.node for f in report.blockers if f.id == "runtime.image-missing"]
     if lacking:
         _pull_image(run, lacking)
-        report = preflight(inv, run.fleet)
+        report = preflight(inv, run.fleet, run.plan)
     run.report = report
     if report.blockers:
-        run.emit("check-blocked", report=report)
+        run.emit(events.CheckBlocked(report))
         raise SparkClusterError(
             f"check found {len(report.blockers)} blocker(s); nothing was started\n"
             f"  hint: spark-cluster fix {run.hint_path}  (or --dry-run to see what it would do)")
-    run.emit("check", ok=True, seconds=round(report.seconds, 3))
-    if run.plan is not None:
+    run.emit(events.Checked(ok=True, seconds=round(report.seconds, 3)))
+    if run.plan is not None and run.until == "vllm":
         run.plan = plan_for_installed_vllm(run.inventory, run.plan, report, run.emit)
     return run
 
 
-def plan_for_installed_vllm(inv: Inventory, plan: Any, report: Any, emit: Emit = lambda *_, **__: None) -> Any:
+def plan_for_installed_vllm(inv: Inventory, plan: ServePlan, report: Report,
+                            emit: Emit = lambda _event: None) -> ServePlan:
     """The plan in the spelling of the vLLM check found on the head (every node has the same one:
     check blocks on a difference); a recipe not written for it stops here, naming what it knows."""
-    from spark_cluster.core.serve_plan import serve_plan
+    from spark_cluster.core.serve_plan import for_installed_vllm
 
     facts = report.facts.get(inv.head.name)
     version = facts.runtime_versions.get("vllm") if facts is not None else None
     if version is None:
         if plan.vllm_variant is not None:
-            emit("vllm-version", node=inv.head.name, version=None, variant=plan.vllm_variant, recipe=plan.recipe)
+            emit(events.VllmVersion(inv.head.name, None, plan.vllm_variant, plan.recipe))
         return plan
-    plan = serve_plan(inv, vllm_version=version)
+    plan = for_installed_vllm(inv, plan, version)
     if plan.vllm_variant is not None:
-        emit("vllm-version", node=inv.head.name, version=version, variant=plan.vllm_variant, recipe=plan.recipe)
+        emit(events.VllmVersion(inv.head.name, version, plan.vllm_variant, plan.recipe))
     return plan
 
 
@@ -106,10 +105,10 @@ def _pull_image(run: Run, nodes: list[str]) -> None:
     from spark_cluster.ops.image_pull import pull_missing
 
     image = run.inventory.cluster.image or ""
-    run.emit("stage", number=1, name="pull", detail=f"{image} on {', '.join(nodes)} (not there yet)")
+    run.emit(events.Stage(1, "pull", f"{image} on {', '.join(nodes)} (not there yet)"))
     took = pull_missing(run.fleet, nodes, run.inventory.cluster.name, image,
-                        lambda node, line: run.emit("pull-line", node=node, line=line))
-    run.emit("pulled", image=image, nodes={n: round(s, 3) for n, s in took.items()})
+                        lambda node, line: run.emit(events.PullLine(node, line)))
+    run.emit(events.Pulled(image, {n: round(s, 3) for n, s in took.items()}))
 
 
 def stage_weights(run: Run) -> Run:
@@ -120,16 +119,15 @@ def stage_weights(run: Run) -> Run:
     from spark_cluster.ops.sync import sync
 
     run.begin("weights", "the model's HF-cache entry made identical on every node, over the link")
-    run.weights = sync(inv, run.fleet, lambda kind, **data: run.emit("weights-event", kind=kind, data=data))
-    run.emit("weights", copied_bytes=run.weights["copied_bytes"], source=run.weights["source"],
-             seconds=run.weights["seconds"])
+    run.weights = sync(inv, run.fleet, lambda kind, **data: run.emit(events.WeightsEvent(kind, data)))
+    run.emit(events.WeightsSynced(run.weights["copied_bytes"], run.weights["source"], run.weights["seconds"]))
     return run
 
 
 def runtime(run: Run) -> Run:
     """Ray across the link, or (executor mp) only the containers vLLM's own mode runs in."""
     inv, fleet = run.inventory, run.fleet
-    if run.restart and run.plan is not None:
+    if run.restart and run.plan is not None and run.until == "vllm":
         _stop_vllm_for_restart(run)
     if inv.cluster.executor == "mp":
         from spark_cluster.ops.ray_cluster import start_containers
@@ -138,20 +136,19 @@ def runtime(run: Run) -> Run:
         run.begin("runtime", "executor mp: vLLM's own multi-node mode, no Ray")
         started = start_containers(inv, fleet) if inv.cluster.runtime == "container" else None
         run.runtime = started
-        run.emit("runtime", executor="mp", runtime=inv.cluster.runtime, started=started,
-                 seconds=round(time.monotonic() - began, 3))
+        run.emit(events.RuntimeReady("mp", inv.cluster.runtime, started, round(time.monotonic() - began, 3)))
         return run
     from spark_cluster.ops.ray_cluster import bring_up
 
     run.begin("ray", f"head {inv.head.name} on {inv.head.link_address}:{inv.cluster.ray_port}")
-    run.emit("ray-start")
+    run.emit(events.RayStart())
     try:
         result = bring_up(inv, fleet, restart=run.restart,
-                          progress=lambda message, state: run.emit("ray-wait", message=message, state=state))
+                          progress=lambda message, state: run.emit(events.RayWait(message, state)))
     finally:
-        run.emit("ray-end")
+        run.emit(events.RayEnd())
     run.runtime = result
-    run.emit("ray", result=result)
+    run.emit(events.RayReady(result))
     return run
 
 
@@ -161,7 +158,7 @@ def _stop_vllm_for_restart(run: Run) -> None:
 
     plan, fleet = run.plan, run.fleet
     if any(serve.running(fleet.node(c.node), c) for c in plan.commands):
-        run.emit("restart-stop", node=plan.head.node)
+        run.emit(events.RestartStop(plan.head.node))
         for name, outcome in serve.stop(fleet, plan).items():
             if isinstance(outcome, Exception):
                 raise SparkClusterError(f"{name}: could not stop vLLM: {outcome}")
@@ -178,7 +175,7 @@ def vllm(run: Run) -> Run:
         return run if launched is None else follow(launched, reachable)
 
 
-def _launch(run: Run, reachable: Any) -> Run | None:
+def _launch(run: Run, reachable: ServePlan) -> Run | None:
     """None when a running vLLM of the same launch already serves (reused)."""
     from spark_cluster.ops import serve
     from spark_cluster.ops.readiness import readiness
@@ -196,16 +193,16 @@ def _launch(run: Run, reachable: Any) -> Run | None:
                 + "\n  ".join(changed)
                 + f"\n  hint: `spark-cluster up {run.hint_path} --restart` replaces it; `down` stops it")
         if readiness(reachable) is None:
-            run.emit("ready", plan=plan, progress=None)
+            run.emit(events.Ready(plan, None))
             return None
         # Started earlier (an `up` left with Ctrl-C): follow that start from its first line.
-        run.emit("vllm-following", node=plan.head.node)
+        run.emit(events.VllmFollowing(plan.head.node))
     else:
         serve.start(fleet, reachable)
     return run
 
 
-def follow(run: Run, reachable: Any) -> Run:
+def follow(run: Run, reachable: ServePlan) -> Run:
     """Follow the start until it serves; Ctrl-C stops following and leaves vLLM running."""
     from spark_cluster.ops.follow import follow as poll
 
@@ -215,9 +212,9 @@ def follow(run: Run, reachable: Any) -> Run:
     # A Ctrl-C that lands inside an SSH call would be forwarded to the remote command and lost:
     # the poll loop looks at this flag instead.
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    run.emit("follow-start")
+    run.emit(events.FollowStart())
     try:
-        progress = poll(run.fleet, reachable, lambda p: run.emit("progress", progress=p), timeout_s=run.timeout_s,
+        progress = poll(run.fleet, reachable, lambda p: run.emit(events.FollowProgress(p)), timeout_s=run.timeout_s,
                         silence_s=run.stalled_after, nodes_by_ip=by_ip, stop=interrupted)
     except KeyboardInterrupt:
         raise StoppedFollowing(
@@ -226,9 +223,9 @@ def follow(run: Run, reachable: Any) -> Run:
             "`down` stops it") from None
     finally:
         signal.signal(signal.SIGINT, previous)
-        run.emit("follow-end")
+        run.emit(events.FollowEnd())
     run.progress = progress
-    run.emit("ready", plan=plan, progress=progress)
+    run.emit(events.Ready(plan, progress))
     return run
 
 
@@ -244,5 +241,5 @@ def up(run: Run) -> Run:
         if stage is last:
             break
     if run.until != "check":  # `--until check` ends with check's own verdict
-        run.emit("done", seconds=round(time.monotonic() - run.started, 1), until=run.until)
+        run.emit(events.Done(round(time.monotonic() - run.started, 1), run.until))
     return current

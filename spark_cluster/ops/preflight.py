@@ -13,6 +13,7 @@ from spark_cluster.core.errors import CommandTimeout, SparkClusterError
 from spark_cluster.core.facts import NodeFacts, parse_facts
 from spark_cluster.core.facts_probe import gather_command, probes_for
 from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.transport.remote import Fleet, Node
 
 GATHER_TIMEOUT = 30.0
@@ -68,10 +69,12 @@ def unreachable(node: str, error: Exception) -> Finding:
                    manual(hint or "check the address, the key and that sshd runs"))
 
 
-def preflight(inventory: Inventory, fleet: Fleet) -> Report:
+def preflight(inventory: Inventory, fleet: Fleet, plan: ServePlan | None) -> Report:
+    """Every node's facts and what the checks find in them; ``plan``: the launch the memory is
+    judged for (None without a servable model)."""
     started = time.monotonic()
     gathered = gather(inventory, fleet)
     facts = {n: f for n, f in gathered.items() if isinstance(f, NodeFacts)}
     findings = [unreachable(n, e) for n, e in gathered.items() if isinstance(e, Exception)]
-    findings += run_checks(inventory, facts)
+    findings += run_checks(inventory, facts, plan)
     return Report(facts, tuple(findings), time.monotonic() - started)

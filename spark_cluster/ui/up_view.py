@@ -1,11 +1,18 @@
 """`up`'s events rendered twice: the human view (stages, live panels, summaries) and, with
---json, one JSON line per event. The pipeline emits; this only shows."""
+--json, one JSON line per event. The pipeline emits records of ops.events; this only shows,
+choosing what to show by the record's type."""
 
 from __future__ import annotations
 
-from typing import Any
+from functools import singledispatchmethod
+from spark_cluster.core.inventory import Inventory
 
 from spark_cluster import ui
+from spark_cluster.ops.events import (
+    Checked, CheckBlocked, Done, FollowEnd, FollowProgress, FollowStart, Pulled, PullLine, RayEnd, RayReady,
+    RayStart, RayWait, Ready, RestartStop, RuntimeReady, Stage, VllmFollowing, VllmVersion, WeightsEvent,
+    WeightsSynced,
+)
 from spark_cluster.ui.load_view import LoadView
 
 
@@ -13,7 +20,7 @@ class UpView:
     """Call it with each pipeline event; use it as a context manager so a live panel left open
     by a failure is closed, and --json ends with why the stream ended."""
 
-    def __init__(self, inventory: Any, as_json: bool) -> None:  # Inventory
+    def __init__(self, inventory: Inventory, as_json: bool) -> None:
         self.inventory = inventory
         self.json = ui.JsonLines(enabled=as_json)
         self._waiting: ui.Waiting | None = None
@@ -36,93 +43,118 @@ class UpView:
                 view.__exit__(None, None, None)
                 setattr(self, name, None)
 
-    def __call__(self, event: str, **data: Any) -> None:
-        getattr(self, "on_" + event.replace("-", "_"))(**data)
+    @singledispatchmethod
+    def __call__(self, event: object) -> None:
+        raise TypeError(f"up emitted {event!r}, which this view does not know")
 
-    def on_stage(self, number: int, name: str, detail: str) -> None:
-        ui.stage(number, name, detail)
+    @__call__.register
+    def _stage(self, event: Stage) -> None:
+        ui.stage(event.number, event.name, event.detail)
 
-    def on_pull_line(self, node: str, line: str) -> None:
+    @__call__.register
+    def _pull_line(self, event: PullLine) -> None:
+        node, line = event.node, event.line
         if line and self._shown.get(node) != line:
             self._shown[node] = line
             ui.console.print(f"  {node}: {line}", markup=False)
             self.json.emit("pull", node=node, line=line)
 
-    def on_pulled(self, image: str, nodes: dict[str, float]) -> None:
-        for node, seconds in nodes.items():
+    @__call__.register
+    def _pulled(self, event: Pulled) -> None:
+        for node, seconds in event.nodes.items():
             ui.console.print(f"  {node}: pulled in {seconds:.0f} s")
-        self.json.emit("pulled", image=image, nodes=nodes)
+        self.json.emit("pulled", image=event.image, nodes=dict(event.nodes))
 
-    def on_check_blocked(self, report: Any) -> None:
+    @__call__.register
+    def _check_blocked(self, event: CheckBlocked) -> None:
         from spark_cluster.ui.report_view import report_dict
 
-        ui.check_report(report_dict(report, [n.name for n in self.inventory.nodes]))
+        ui.check_report(report_dict(event.report, [n.name for n in self.inventory.nodes]))
 
-    def on_check(self, ok: bool, seconds: float) -> None:
-        ui.console.print(f"  every node passes ({seconds:.1f} s)")
-        self.json.emit("check", ok=ok, seconds=seconds)
+    @__call__.register
+    def _checked(self, event: Checked) -> None:
+        ui.console.print(f"  every node passes ({event.seconds:.1f} s)")
+        self.json.emit("check", ok=event.ok, seconds=event.seconds)
 
-    def on_vllm_version(self, node: str, version: str | None, variant: str, recipe: str | None) -> None:
-        if version is None:
-            ui.console.print(f"  vLLM's version could not be read on {node}: the recipe is spelled for {variant}")
+    @__call__.register
+    def _vllm_version(self, event: VllmVersion) -> None:
+        if event.version is None:
+            ui.console.print(f"  vLLM's version could not be read on {event.node}: the recipe is spelled for "
+                             f"{event.variant}")
         else:
-            ui.console.print(f"  vLLM {version}: recipe {recipe} spelled for {variant}")
+            ui.console.print(f"  vLLM {event.version}: recipe {event.recipe} spelled for {event.variant}")
 
-    def on_weights_event(self, kind: str, data: dict) -> None:
+    @__call__.register
+    def _weights_event(self, event: WeightsEvent) -> None:
         if self._sync is None:
             self._sync = ui.SyncView().__enter__()
-        self._sync.event(kind, **data)
+        self._sync.event(event.kind, **event.data)
 
-    def on_weights(self, **data: Any) -> None:
+    @__call__.register
+    def _weights(self, event: WeightsSynced) -> None:
         if self._sync is not None:
             self._sync.__exit__(None, None, None)
             self._sync = None
-        self.json.emit("weights", **data)
+        self.json.emit("weights", copied_bytes=event.copied_bytes, source=event.source, seconds=event.seconds)
 
-    def on_restart_stop(self, node: str) -> None:
-        ui.console.print(f"  --restart: stopping the running vLLM on {node} first")
+    @__call__.register
+    def _restart_stop(self, event: RestartStop) -> None:
+        ui.console.print(f"  --restart: stopping the running vLLM on {event.node} first")
 
-    def on_ray_start(self) -> None:
+    @__call__.register
+    def _ray_start(self, event: RayStart) -> None:
         self._waiting = ui.Waiting().__enter__()
 
-    def on_ray_wait(self, message: str, state: Any) -> None:
+    @__call__.register
+    def _ray_wait(self, event: RayWait) -> None:
         if self._waiting is not None:
-            self._waiting.update(message, state)
+            self._waiting.update(event.message, event.state)
 
-    def on_ray_end(self) -> None:
+    @__call__.register
+    def _ray_end(self, event: RayEnd) -> None:
         if self._waiting is not None:
             self._waiting.__exit__(None, None, None)
             self._waiting = None
 
-    def on_ray(self, result: Any) -> None:
+    @__call__.register
+    def _ray(self, event: RayReady) -> None:
+        result = event.result
         ui.ray_summary(result.state, self.inventory)
         verb = "reused" if result.reused else f"started on {', '.join(result.started)}"
         ui.console.print(f"  Ray {verb} in {result.seconds:.1f} s")
         self.json.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
                        nodes=[n.__dict__ for n in result.state.nodes])
 
-    def on_runtime(self, executor: str, runtime: str, started: list[str] | None, seconds: float) -> None:
+    @__call__.register
+    def _runtime(self, event: RuntimeReady) -> None:
+        started = event.started
         if started is not None:
             ui.console.print(f"  container {'started on ' + ', '.join(started) if started else 'reused'} "
                              f"({self.inventory.cluster.image})")
-        self.json.emit("runtime", executor=executor, runtime=runtime, seconds=seconds)
+        self.json.emit("runtime", executor=event.executor, runtime=event.runtime, seconds=event.seconds)
 
-    def on_vllm_following(self, node: str) -> None:
-        ui.console.print(f"  vLLM of this cluster is still starting on {node}: following it")
+    @__call__.register
+    def _vllm_following(self, event: VllmFollowing) -> None:
+        ui.console.print(f"  vLLM of this cluster is still starting on {event.node}: following it")
 
-    def on_follow_start(self) -> None:
+    @__call__.register
+    def _follow_start(self, event: FollowStart) -> None:
         self._load = LoadView(ui.console, [spec.name for spec in self.inventory.nodes], self.json).__enter__()
 
-    def on_progress(self, progress: Any) -> None:
+    @__call__.register
+    def _progress(self, event: FollowProgress) -> None:
         if self._load is not None:
-            self._load.update(progress)
+            self._load.update(event.progress)
 
-    def on_follow_end(self) -> None:
+    @__call__.register
+    def _follow_end(self, event: FollowEnd) -> None:
         if self._load is not None:
             self._load.__exit__(None, None, None)
             self._load = None
 
-    def on_ready(self, plan: Any, progress: Any) -> None:
+    @__call__.register
+    def _ready(self, event: Ready) -> None:
+        plan, progress = event.plan, event.progress
         if progress is None:
             ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
             ui.forward_hint(plan)
@@ -137,5 +169,6 @@ class UpView:
                        loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
                        phases={k: round(v, 3) for k, v in progress.phase_times.items()})
 
-    def on_done(self, seconds: float, until: str) -> None:
-        ui.console.print(f"up: done in {seconds:.1f} s (until {until})")
+    @__call__.register
+    def _done(self, event: Done) -> None:
+        ui.console.print(f"up: done in {event.seconds:.1f} s (until {event.until})")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from spark_cluster.core.facts import NodeFacts
 from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.core.checks import cluster, driver, link, resources, runtime
 from spark_cluster.core.checks.base import Finding, NodeContext, Severity, blocker
 
@@ -49,11 +50,12 @@ def _guarded(node: str, check: Callable[..., Iterable[Finding]], *args: object) 
                         "a bug in spark-cluster: please report it")]
 
 
-def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[Finding]:
-    """All findings: per node in inventory order, then across nodes."""
+def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts], plan: ServePlan | None) -> list[Finding]:
+    """All findings: per node in inventory order, then across nodes. ``plan``: the launch the
+    memory is judged for (serve_plan_or_none; None without a servable model)."""
     findings: list[Finding] = []
     need = resources.model_bytes_per_node(inventory, facts)
-    util = resources.gpu_memory_utilization(inventory)  # renders the launch: once, not per node
+    util = plan.gpu_memory_utilization if plan is not None else None
     for spec in inventory.nodes:
         f = facts.get(spec.name)
         if f is None:

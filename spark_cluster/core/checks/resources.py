@@ -18,10 +18,6 @@ COMPETING_ARGS = ("vllm serve", "vllm.entrypoints.cli.main serve", "vllm.entrypo
                   "ComfyUI/main.py", "comfyui")
 # Unified memory: CUDA, the desktop and the OS need some of the 128 GB besides the model.
 HEADROOM = 8 * GIB
-# vLLM's default --gpu-memory-utilization; on unified memory it must find this fraction of the
-# node's whole memory free when it starts ("Free memory on device ... is less than desired GPU
-# memory utilization"), whatever the weights.
-VLLM_DEFAULT_UTILIZATION = 0.9
 MIN_FREE_DISK = 256 * 1024**2
 CLOCK_TOLERANCE_S = 1.0
 
@@ -59,26 +55,6 @@ def _recipe(inventory: Inventory):  # noqa: ANN202 - Recipe | None
         return None
 
 
-def gpu_memory_utilization(inventory: Inventory) -> float | None:
-    """The fraction of each node's memory vLLM asks for at start: --gpu-memory-utilization of the
-    plan (vLLM's default 0.9 when unset). None without a servable model."""
-    if inventory.model is None:
-        return None
-    from spark_cluster.core.errors import UsageError
-    from spark_cluster.core.serve_plan import serve_plan
-
-    try:
-        argv = list(serve_plan(inventory).head.argv)
-    except UsageError:
-        return None
-    if "--gpu-memory-utilization" in argv[:-1]:
-        try:
-            return float(argv[argv.index("--gpu-memory-utilization") + 1])
-        except ValueError:
-            return None
-    return VLLM_DEFAULT_UTILIZATION
-
-
 def _is_rank(args: str) -> bool:
     lowered = args.lower()
     return "vllm" in lowered or "rayworker" in lowered
@@ -86,7 +62,8 @@ def _is_rank(args: str) -> bool:
 
 def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None,
                  util: float | None) -> Iterator[Finding]:
-    """`util`: gpu_memory_utilization(ctx.inventory), the fraction vLLM asks of each node."""
+    """`util`: the launch plan's gpu_memory_utilization, the fraction vLLM asks of each node
+    ("Free memory on device ... is less than desired GPU memory utilization" below it)."""
     memory = facts.memory
     if memory is None:
         return
