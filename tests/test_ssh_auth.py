@@ -12,7 +12,7 @@ from ssh_agent import PASSPHRASE, make_key, ssh_add, ssh_agent
 
 from spark_cluster.transport import ssh_auth
 from spark_cluster.core.errors import ConnectError
-from spark_cluster.core.inventory import parse_inventory
+from spark_cluster.ops.inventory import parse_inventory
 from spark_cluster.transport.ssh_auth import KeyProblem, keys_for, public_blob
 from spark_cluster.transport.ssh_config import route
 from spark_cluster.transport.ssh_connect import UnknownHostKey, _hop, _translate, open_connection
@@ -218,6 +218,17 @@ def test_a_broken_ssh_config_is_one_line_at_the_node(home: Path) -> None:
     assert f"{home}/.ssh/config" in str(caught.value)
 
 
+def test_a_login_written_in_full_needs_no_readable_ssh_config_and_core_reads_none(home: Path) -> None:
+    from spark_cluster.core import inventory as core
+
+    (home / ".ssh" / "config").write_text("Host x\n  Port\n")
+    inv = parse_inventory(_with_node_login(INVENTORY, "x", "nvidia", 22), home / "i.yaml")
+    assert (inv.nodes[0].user, inv.nodes[0].port, inv.nodes[0].real_host) == ("nvidia", 22, "x")
+    (home / ".ssh" / "config").write_text(CONFIG)
+    plain = core.parse_inventory(_with_node_login(INVENTORY, "spark-b-alias", None, None), home / "i.yaml")
+    assert (plain.nodes[0].port, plain.nodes[0].real_host) == (22, "spark-b-alias")
+
+
 def test_an_encrypted_key_fails_before_any_packet_leaves(home: Path) -> None:
     key = make_key(home / "enc", PASSPHRASE)
     with pytest.raises(ConnectError) as caught:
@@ -285,14 +296,13 @@ def test_connection_refused_and_timeout_keep_their_hints() -> None:
 def _lan_plan(address: str):  # noqa: ANN202 - a ServePlan
     import dataclasses
 
-    from spark_cluster.core.inventory import load_inventory
     from spark_cluster.core.serve_plan import serve_plan
 
-    inv = load_inventory(REPO / "inventories" / "lab.yaml")
-    head = dataclasses.replace(inv.head, address=address)
-    inv = dataclasses.replace(inv, nodes=(head, *inv.workers),
-                              model=dataclasses.replace(inv.model, listen="lan", api_key_env="SPARK_API_KEY"))
-    return serve_plan(inv)
+    lab = REPO / "inventories" / "lab.yaml"
+    inv = parse_inventory(_with_node_login(lab.read_text(), address, "nvidia", 22), lab)
+    assert inv.head.address == address
+    return serve_plan(dataclasses.replace(inv, model=dataclasses.replace(inv.model, listen="lan",
+                                                                         api_key_env="SPARK_API_KEY")))
 
 
 class _Head:

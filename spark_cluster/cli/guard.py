@@ -28,7 +28,7 @@ def guard(inventory: str, as_json: bool, action: str | None, dry_run: bool, yes:
     --install puts an apt hook on each node that refuses a kernel whose NVIDIA modules are not
     installable in the same run, and holds the driver against unattended-upgrades.
     """
-    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.inventory import load_inventory
 
     from spark_cluster.core.guard_rules import in_step
     from spark_cluster.ops.guard import verdicts

@@ -20,7 +20,7 @@ def linktest(inventory: str, as_json: bool, no_allgather: bool) -> int:
 
     Exit 0 when every result meets cluster.linktest's thresholds, 1 otherwise.
     """
-    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.linktest import linktest as measure
     from spark_cluster.ops.nodes import fleet_for
 
@@ -48,7 +48,7 @@ def sync(inventory: str, as_json: bool, source_node: str | None, streams: int, m
 
     Resumes an interrupted copy; refuses, before a byte moves, a node without room.
     """
-    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.sync import sync as run_sync
 

@@ -14,7 +14,7 @@ from spark_cluster import ui
 @click.argument("inventory", type=click.Path(dir_okay=False))
 def validate(inventory: str) -> int:
     """Check an inventory file; print every problem as FILE:LINE: message."""
-    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.inventory import load_inventory
 
     ui.console.print(ui.inventory_summary(load_inventory(inventory)))
     return 0
@@ -34,7 +34,7 @@ def exec_(inventory: str, command: tuple[str, ...], node: str | None, sudo: bool
     One word is handed to the node's shell as it is (`-- 'dmesg | tail'`); several words
     are quoted one by one, so each reaches the command as one argument.
     """
-    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
 
     inv = load_inventory(inventory)

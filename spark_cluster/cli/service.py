@@ -29,7 +29,7 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
             dry_run: bool) -> int:
     """Write the unit (restart on failure, after network-online) and an EnvironmentFile of mode
     0600 with the secrets supervise needs, then enable and start it."""
-    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.inventory import load_inventory
 
     from spark_cluster.ops import service as svc
 
@@ -52,7 +52,7 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
 @USER
 def uninstall(inventory: str, user: bool) -> int:
     """Stop and disable the service (the cluster keeps serving), remove its unit and environment file."""
-    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.inventory import load_inventory
 
     from spark_cluster.ops import service as svc
 
@@ -67,7 +67,7 @@ def uninstall(inventory: str, user: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(inventory: str, user: bool, as_json: bool) -> int:
     """Installed?, active?, restarts, and the last lines supervise logged."""
-    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.ops.inventory import load_inventory
 
     from spark_cluster.ops import service as svc
 

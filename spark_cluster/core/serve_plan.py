@@ -256,7 +256,7 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
     if listen == "lan":
         # An ssh_config alias is no name HTTP can resolve: its HostName is (reach() tunnels
         # when that is behind a jump host).
-        endpoint_host = _url_host(_real_host(head.address))
+        endpoint_host = _url_host(head.real_host)
         if api_key_env is None:
             warnings.append(f"vLLM listens on every interface of {head.name} without an API key "
                             "(model.open_without_key): anyone on its network can use the model; "
@@ -446,13 +446,6 @@ def _weights(recipe: Recipe | None, world: int) -> float | None:
     pp = recipe.arg("pipeline-parallel-size")
     recipe_world = (int(tp[0]) if tp else recipe.nodes) * (int(pp[0]) if pp else 1)
     return round(recipe.weights_gib_per_node * recipe_world / world, 2)
-
-
-def _real_host(address: str) -> str:
-    """The host name ~/.ssh/config gives `address` (itself when it is no alias)."""
-    from spark_cluster.transport.ssh_config import route_or_plain
-
-    return route_or_plain(address).hostname
 
 
 def _url_host(address: str) -> str:
