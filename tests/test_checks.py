@@ -21,7 +21,7 @@ from spark_cluster.core.facts import GIB, KIB, NodeFacts, parse_facts
 from spark_cluster.core.facts_probe import probes_for
 from spark_cluster.core.inventory import Inventory, parse_inventory
 from spark_cluster.core.serve_plan import serve_plan_or_none
-from spark_cluster.ops.playbook import PLAYBOOK_DIR, PlaybookError, fill, load_playbook, playbooks, quote_param
+from spark_cluster.core.playbook import PLAYBOOK_DIR, PlaybookError, fill, load_playbook, playbooks, quote_param
 from spark_cluster.ops.preflight import FactsUnavailable, Report, unreachable
 from spark_cluster.ui.report_view import finding_dict, fix_commands, node_summary, report_dict
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_cluster.ops.playbook import PlannedStep
+from spark_cluster.core.playbook import PlannedStep
 from spark_cluster.transport.remote import LocalNode
 from spark_cluster.ops.repair import _run_step
 

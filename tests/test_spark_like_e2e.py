@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from lab_cli import LAB_MARKS, REBOOT_S, cli, fresh_lab, on_node
 
-from spark_cluster.ops.playbook import playbooks, plan
+from spark_cluster.core.playbook import playbooks, plan
 from spark_cluster.transport.remote import SSHNode
 from spark_cluster.ops.repair import run_plans
 from spark_cluster_lab import lab as simlab

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.ops.playbook import playbooks, plan
+from spark_cluster.core.playbook import playbooks, plan
 from spark_cluster.transport.remote import (
     SSHNode, SudoPasswordRejected, SudoPasswordRequired, sudo_line, sudo_stdin,
 )

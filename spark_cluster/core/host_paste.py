@@ -242,7 +242,7 @@ def paste_probes(sections: list[Section]) -> dict[str, dict[str, Any]]:
 
 def diagnose_host_output(text: str) -> dict[str, Any]:
     """Findings, unknowns and what was recognised, for docs/diagnose.md's JSON."""
-    from spark_cluster.ui.report_view import fix_commands
+    from spark_cluster.core.report_data import fix_commands
 
     sections = split_paste(text)
     probes = paste_probes(sections)

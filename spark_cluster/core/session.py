@@ -1,6 +1,9 @@
-"""Stopping what spark-cluster started on a node: one process session, and nothing else."""
+"""Shell lines that start and stop what spark-cluster runs on a node: one process session, and
+nothing else; and the one way anything runs as root."""
 
 from __future__ import annotations
+
+import shlex
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # A process's start time (clock ticks since boot): field 22 of /proc/PID/stat, the 20th after
@@ -62,3 +65,19 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
         "if pgrep -s \"$sid\" >/dev/null; then echo \"left: $(pgrep -s \"$sid\" | tr '\\n' ' ')\"; exit 1; fi; "
         f"rm -f {removed}"
     )
+
+
+def sudo_line(command: str, *, password: bool = False) -> str:
+    """The one way anything runs as root: the whole line as one `sh -c` under sudo, so a
+    compound command (`a && b`, a loop, a redirection) runs as root from end to end.
+
+    Without a password `sudo -n` never prompts: a password rule becomes a clear error instead
+    of a hang. With one, `sudo -S -p ''` reads it as the first line of standard input (given
+    once per command, never on a command line or in an environment) and prints no prompt.
+    """
+    if not password:
+        return f"sudo -n -- sh -c {shlex.quote(command)}"
+    # The node's shell takes the password's line before anything else runs, so the channel
+    # stays open until it is sent; it goes on to sudo, and the rest of stdin to the command.
+    return ("IFS= read -r pw && { printf '%s\\n' \"$pw\"; cat; } | "
+            f"sudo -S -p '' -- sh -c {shlex.quote(command)}")

@@ -22,8 +22,8 @@ from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.nccl_log import parse_nccl
 from spark_cluster.core.ray_plan import container_name, node_env
+from spark_cluster.core.report_data import finding_dict
 from spark_cluster.transport.remote import Fleet, Node
-from spark_cluster.ui.report_view import finding_dict
 from spark_cluster.programs import source
 
 Emit = Callable[..., None]

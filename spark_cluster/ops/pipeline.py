@@ -14,7 +14,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from spark_cluster.core.checks import Finding
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.ops.playbook import Plan, PlannedStep, playbooks, plan
+from spark_cluster.core.playbook import Plan, PlannedStep, playbooks, plan
 from spark_cluster.transport.remote import Fleet, Node, Result
 
 REBOOT_WAIT_S = 900.0  # a Spark takes a few minutes to come back

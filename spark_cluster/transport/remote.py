@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from spark_cluster.core.errors import CommandTimeout, ConnectError, SparkClusterError
+from spark_cluster.core.session import sudo_line
 from spark_cluster.transport.ssh_connect import open_connection
 
 T = TypeVar("T")
@@ -93,22 +94,6 @@ class SudoPasswordRejected(SparkClusterError):
             "  hint: run again and type the password of that user on the node "
             "(the one `sudo -v` asks for there)"
         )
-
-
-def sudo_line(command: str, *, password: bool = False) -> str:
-    """The one way anything runs as root: the whole line as one `sh -c` under sudo, so a
-    compound command (`a && b`, a loop, a redirection) runs as root from end to end.
-
-    Without a password `sudo -n` never prompts: a password rule becomes a clear error instead
-    of a hang. With one, `sudo -S -p ''` reads it as the first line of standard input (given
-    once per command, never on a command line or in an environment) and prints no prompt.
-    """
-    if not password:
-        return f"sudo -n -- sh -c {shlex.quote(command)}"
-    # The node's shell takes the password's line before anything else runs, so the channel
-    # stays open until it is sent; it goes on to sudo, and the rest of stdin to the command.
-    return ("IFS= read -r pw && { printf '%s\\n' \"$pw\"; cat; } | "
-            f"sudo -S -p '' -- sh -c {shlex.quote(command)}")
 
 
 def sudo_stdin(password: str | None, stdin: str | None) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.transport.remote import sudo_line
+from spark_cluster.core.session import sudo_line
 
 PLAYBOOK_DIR = Path(__file__).resolve().parents[1] / "playbooks"
 # Values come from facts (package names, interfaces, pids, numbers): nothing else passes.
