@@ -20,7 +20,7 @@ import dataclasses
 import ipaddress
 import re
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -30,6 +30,9 @@ from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.ray_plan import auth_warning, container_name, node_env, plan_mp, state_dir, worker_only_env
 from spark_cluster.core.recipes import Recipe, load_recipe
 from spark_cluster.core.secrets import REDACTED, is_secret
+from spark_cluster.core.vllm_args import (
+    VLLM_DEFAULT_UTILIZATION, ServePlanError, flag_value, merge_args, parse_argv, put_flag, set_default, utilization,
+)
 
 __all__ = ["API_PORT", "NodeCommand", "ServePlan", "ServePlanError", "for_installed_vllm", "merge_args", "parse_argv",
            "serve_plan", "serve_plan_or_none"]
@@ -38,28 +41,11 @@ API_PORT = 8000
 API_KEY_VAR = "VLLM_API_KEY"  # vLLM's own: its API server takes the key from here as from --api-key
 CONTAINER_HF_HOME = "/root/.cache/huggingface"  # where ray_plan.docker_run mounts the node's HF cache
 VLLM_MODULE = "vllm.entrypoints.cli.main"  # the `vllm` console script, for `python -m` on hosts
-# vLLM's default --gpu-memory-utilization; on unified memory it must find this fraction of the
-# node's whole memory free when it starts, whatever the weights.
-VLLM_DEFAULT_UTILIZATION = 0.9
-
-# Short spellings vLLM accepts, written out so an override meets the recipe's flag.
-_ALIASES = {
-    "-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size",
-    "-ep": "--enable-expert-parallel", "-q": "--quantization", "-O": "--compilation-config",
-}
 # Set by spark-cluster from the inventory: an override would break the plan.
 _MANAGED = {"--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless", "--model"}
 # Flags whose value is a secret: never written in an inventory.
 _SECRET_FLAGS = {"--api-key", "--hf-token"}
-_NUMBER = re.compile(r"-\.?[0-9]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-
-Args = list[tuple[str, list[str]]]
-
-
-class ServePlanError(UsageError):
-    """The recipe and the inventory do not make a servable plan; the message says what to change."""
-
 
 @dataclass(frozen=True)
 class NodeCommand:
@@ -92,7 +78,7 @@ class NodeCommand:
         """
         # Exported: the secret variables of `env` are in the shell too (serve.start_command).
         hidden = self.secret_env_names if exported else ()
-        env = " ".join(f"{k}={_shell_value(k, v, redact)}" for k, v in self.env.items() if k not in hidden)
+        env = " ".join(f"{k}={_shellflag_value(k, v, redact)}" for k, v in self.env.items() if k not in hidden)
         words = " ".join(_shell_word(w) for w in self.argv)
         given = "" if exported else "".join(f'{k}="${v}" ' for k, v in self.secrets.items())
         if self.container is not None:
@@ -163,7 +149,7 @@ class ServePlan:
 def launch_record(plan: ServePlan) -> dict[str, dict[str, object]]:
     """What each node was started with (secrets redacted): kept beside the head's log at start,
     so a later `up` reuses a running vLLM only when the inventory still asks for the same."""
-    return {c.node: {"env": {k: _shell_value(k, v, True) for k, v in c.env.items()}, "argv": list(c.argv),
+    return {c.node: {"env": {k: _shellflag_value(k, v, True) for k, v in c.env.items()}, "argv": list(c.argv),
                      "container": c.container, "secrets": sorted(c.secrets)} for c in plan.commands}
 
 
@@ -232,8 +218,8 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
                              f"{' '.join(chosen)} but cluster.executor is {executor}: set cluster.executor instead")
 
     args = merge_args([(f, list(v)) for f, v in (recipe.args if recipe else ())], overrides)
-    tp = _set_default(args, "--tensor-parallel-size", str(n_nodes))
-    pp = int(_value(args, "--pipeline-parallel-size") or 1)
+    tp = set_default(args, "--tensor-parallel-size", str(n_nodes))
+    pp = int(flag_value(args, "--pipeline-parallel-size") or 1)
     world = tp * pp
     warnings = []
     if world > n_nodes:
@@ -245,12 +231,12 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
                                  f"is {world}: set tensor-parallel-size {n_nodes} in model.args or drop nodes")
         warnings.append(f"tensor x pipeline parallel is {world}: {n_nodes - world} of {n_nodes} Sparks stay idle")
 
-    served = _set_default(args, "--served-model-name", model, as_int=False)
+    served = set_default(args, "--served-model-name", model, as_int=False)
     listen = spec.listens_on
     head = inventory.head
     bind_host = {"loopback": "127.0.0.1", "link": str(head.link_address), "lan": "0.0.0.0"}[listen]
-    _put(args, "--host", [bind_host])
-    port = _set_default(args, "--port", str(API_PORT))
+    put_flag(args, "--host", [bind_host])
+    port = set_default(args, "--port", str(API_PORT))
     api_key_env = api_key_env or spec.api_key_env
     forward = None
     if listen == "lan":
@@ -268,7 +254,7 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
     if auth_warning(inventory):
         warnings.append(auth_warning(inventory))
     if executor == "ray":
-        _put(args, "--distributed-executor-backend", ["ray"])
+        put_flag(args, "--distributed-executor-backend", ["ray"])
     else:
         args = [(f, v) for f, v in args if f != "--distributed-executor-backend"]  # plan_mp adds mp
     secret_env: tuple[str, ...] = ()
@@ -308,7 +294,7 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
         weights_gib_per_node=_weights(recipe, world),
         pitfalls=recipe.pitfalls if recipe else (), warnings=tuple(warnings),
         listen=listen, bind_host=bind_host, port=port, forward=forward,
-        gpu_memory_utilization=_utilization(next(c for c in commands if c.is_head).argv),
+        gpu_memory_utilization=utilization(next(c for c in commands if c.is_head).argv),
     )
 
 
@@ -332,86 +318,6 @@ def for_installed_vllm(inventory: Inventory, plan: ServePlan, version: str) -> S
         if variant is None or variant.describe() != plan.vllm_variant:
             return serve_plan(inventory, vllm_version=version)
     return dataclasses.replace(plan, vllm_version=version)
-
-
-def parse_argv(words: Iterable[str]) -> Args:
-    """argv words -> ordered (flag, values); ``--x=v`` splits, short aliases and ``_`` are normalised."""
-    items: Args = []
-    for word in words:
-        if word.startswith("-") and not _NUMBER.match(word) and word != "-":
-            flag, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
-            items.append((_normal_flag(flag), [value] if eq else []))
-        elif items:
-            items[-1][1].append(word)
-        else:
-            raise ServePlanError(f"model.args must start with a flag, got {word[:60]!r}")
-    return items
-
-
-def merge_args(base: Sequence[tuple[str, Sequence[str]]], overrides: Sequence[tuple[str, Sequence[str]]]) -> Args:
-    """``overrides`` win flag by flag, in ``base``'s order; new flags go last.
-
-    ``--no-x`` drops ``--x`` from ``base``; when ``base`` has no ``--x`` it is passed on to vLLM
-    (which turns off a default that is on). ``--x`` in turn drops a ``--no-x``.
-    """
-    merged: dict[str, list[str]] = {f: list(v) for f, v in base}
-    for flag, values in overrides:
-        if flag.startswith("--no-"):
-            positive = "--" + flag[len("--no-"):]
-            if positive in merged or positive.startswith("--disable-"):
-                # vLLM's --disable-x switches have no --no- form: off is their default.
-                merged.pop(positive, None)
-                continue
-        else:
-            merged.pop("--no-" + flag[2:], None)
-        merged[flag] = list(values)  # an existing key keeps its place
-    return list(merged.items())
-
-
-def _normal_flag(flag: str) -> str:
-    flag = _ALIASES.get(flag, flag)
-    return "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
-
-
-def _value(args: Args, flag: str) -> str | None:
-    return next((v[0] for f, v in args if f == flag and v), None)
-
-
-def _put(args: Args, flag: str, values: list[str]) -> None:
-    for i, (f, _) in enumerate(args):
-        if f == flag:
-            args[i] = (flag, values)
-            return
-    args.append((flag, values))
-
-
-def _set_default(args: Args, flag: str, default: str, as_int: bool = True):  # type: ignore[no-untyped-def]
-    """The flag's value, after appending ``flag default`` when it is missing."""
-    value = _value(args, flag)
-    if value is None:
-        if any(f == flag for f, _ in args):
-            raise ServePlanError(f"{flag} needs a value")
-        _put(args, flag, [default])
-        value = default
-    if not as_int:
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        raise ServePlanError(f"{flag} must be a whole number, got {value!r}") from None
-    if number < 1:
-        raise ServePlanError(f"{flag} must be at least 1, got {number}")
-    return number
-
-
-def _utilization(head_argv: tuple[str, ...]) -> float | None:
-    argv = list(head_argv)
-    if "--gpu-memory-utilization" in argv[:-1]:
-        try:
-            return float(argv[argv.index("--gpu-memory-utilization") + 1])
-        except ValueError:
-            return None
-    return VLLM_DEFAULT_UTILIZATION
 
 
 def _launcher(inventory: Inventory) -> tuple[str, ...]:
@@ -463,7 +369,7 @@ def _shell_word(word: str) -> str:
     return shlex.quote(word)
 
 
-def _shell_value(name: str, value: str, redact: bool) -> str:
+def _shellflag_value(name: str, value: str, redact: bool) -> str:
     if redact and is_secret(name):
         return shlex.quote(REDACTED)
     if value == "~" or value.startswith("~/"):
