@@ -1,0 +1,85 @@
+"""`watch`: the cluster live on a terminal, one summary line per refresh otherwise."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+
+from spark_cluster import ui
+
+
+class Dashboard:
+    """`watch`: a live view on a terminal (rich Live), one line per refresh otherwise."""
+
+    def __init__(self, inventory) -> None:  # noqa: ANN001 - Inventory
+        from rich.live import Live
+
+        self.inventory = inventory
+        self._live = Live(console=ui.console, refresh_per_second=4) if ui.console.is_terminal else None
+        self._events: list[str] = []
+
+    def __enter__(self) -> "Dashboard":
+        if self._live:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live:
+            self._live.__exit__(None, None, None)
+
+    def log(self, line: str) -> None:
+        self._events = (self._events + [line])[-5:]
+        if self._live is None:
+            ui.console.print(line)
+
+    def show(self, data: dict) -> None:
+        if self._live is None:
+            ui.console.print(summary_line(data))
+            return
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table(title=f"{data['cluster']}  {time.strftime('%H:%M:%S')}", expand=False)
+        for column in ("node", "memory used / available", "GPU", "links", "ray"):
+            table.add_column(column)
+        alive = {n["ip"]: n["alive"] for n in data["ray"].get("nodes", [])}
+        for spec in self.inventory.nodes:
+            node = data["nodes"][spec.name]
+            if not node["reachable"]:
+                table.add_row(spec.name, Text(node["error"] or "unreachable", style="red"), "", "", "")
+                continue
+            ray = alive.get(str(spec.link_address))
+            table.add_row(spec.name, f"{node['memory_used_gib']} / {node['memory_available_gib']} GiB",
+                          f"{node['gpu_temperature_c']} C {node['gpu_power_w']} W", " ".join(node["links"]),
+                          Text("alive" if ray else "down", style="green" if ray else "red")
+                          if data["ray"].get("used", True) else Text("-", style="dim"))
+        parts = [table, Text(summary_line(data))]
+        parts += [Text(line, style="yellow") for line in self._events]
+        self._live.update(Group(*parts))
+
+
+def summary_line(data: dict) -> str:
+    nodes = data["nodes"].values()
+    reachable = sum(1 for n in nodes if n["reachable"])
+    alive = sum(1 for n in data["ray"].get("nodes", []) if n["alive"])
+    line = (f"{time.strftime('%H:%M:%S')} {'healthy' if data['healthy'] else 'NOT healthy'}: "
+            f"nodes {reachable}/{len(data['nodes'])} reachable"
+            + (f", ray {alive} alive" if data["ray"].get("used", True) else "")
+            + (", ray refuses our token (`status` says why)" if data["ray"].get("refused") else ""))
+    unreachable = [name for name, n in data["nodes"].items() if not n["reachable"]]
+    if unreachable:
+        line += f" (unreachable: {', '.join(unreachable)})"
+    vllm = data.get("vllm")
+    if vllm is not None:
+        metrics = vllm["metrics"]
+        rates = vllm.get("throughput") or {}
+        line += (f", vllm /health {vllm['health'] or '-'}, running {metrics.get('requests_running', 0):g}"
+                 f" waiting {metrics.get('requests_waiting', 0):g} kv {metrics.get('kv_cache_usage', 0):g}"
+                 f" generated {metrics.get('generation_tokens_total', 0):g} tokens"
+                 + (f" ({rates.get('prompt_tokens_per_s', 0):g} prompt, "
+                    f"{rates.get('generation_tokens_per_s', 0):g} generation tok/s)" if rates else ""))
+        failure = vllm.get("failure")
+        if failure:
+            line += f"; vllm failed on {failure['node']}: {failure['cause']}; evidence: {failure['evidence']}"
+    return line
