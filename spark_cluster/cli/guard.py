@@ -28,10 +28,9 @@ def guard(inventory: str, as_json: bool, action: str | None, dry_run: bool, yes:
     --install puts an apt hook on each node that refuses a kernel whose NVIDIA modules are not
     installable in the same run, and holds the driver against unattended-upgrades.
     """
-    from spark_cluster.ops.inventory import load_inventory
-
     from spark_cluster.core.guard_rules import in_step
     from spark_cluster.ops.guard import verdicts
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ui.guard_view import guard_dict, guard_report
 

@@ -17,8 +17,8 @@ from spark_cluster.core.errors import SparkClusterError
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(inventory: str, as_json: bool) -> int:
     """Every layer: each node (memory, GPU, links), Ray (nodes alive, GPUs), vLLM (health, metrics)."""
-    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.health import collect_status
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
 
     inv = load_inventory(inventory)
@@ -40,8 +40,8 @@ def status(inventory: str, as_json: bool) -> int:
 def watch(inventory: str, interval: float, restart_on_failure: bool, max_restarts: int,
           count: int | None) -> int:
     """A live dashboard of every layer, refreshed each second; optionally restarts a dead vLLM."""
-    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.health import collect_status
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.watch import Supervisor
@@ -85,9 +85,9 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     24.1 / 36.4 tok/s aggregate at 1 / 2 / 4 on two Sparks). Exit 1 if any request failed.
     """
     from spark_cluster.core.errors import UsageError
-    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.core.serve_plan import serve_plan
     from spark_cluster.ops import bench as sweep_
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.reach import reach
     from spark_cluster.ops.serve import running

@@ -21,8 +21,8 @@ def check(inventory: str, as_json: bool) -> int:
 
     Exit 0 with no blocker, 1 with any, 2 on bad input.
     """
-    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.core.serve_plan import serve_plan_or_none
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.preflight import preflight
     from spark_cluster.ui.report_view import report_dict
@@ -50,8 +50,8 @@ def check(inventory: str, as_json: bool) -> int:
 def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot: bool,
         reboot_wait: float, ask_sudo_pass: bool) -> int:
     """Run the playbooks that the blocking findings name, then check again."""
-    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.core.serve_plan import serve_plan_or_none
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.preflight import preflight

@@ -27,9 +27,8 @@ from spark_cluster.core.errors import SparkClusterError
 def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: float, stalled_after: float,
        as_json: bool) -> int:
     """Check every node, bring Ray up over the link, launch vLLM and follow it until it serves."""
-    from spark_cluster.ops.inventory import load_inventory
-    from spark_cluster.core.serve_plan import serve_plan
     from spark_cluster.core.serve_plan import serve_plan, serve_plan_or_none
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.pipeline import Run
@@ -103,8 +102,8 @@ def down(inventory: str) -> int:
 def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int:
     """The head's vLLM log (a worker's: its Ray log, or its vLLM log with executor mp), as `tail [-f]`."""
     from spark_cluster.core.facts_probe import remote_path
-    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.core.ray_plan import state_dir
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
 
     inv = load_inventory(inventory)

@@ -29,9 +29,8 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
             dry_run: bool) -> int:
     """Write the unit (restart on failure, after network-online) and an EnvironmentFile of mode
     0600 with the secrets supervise needs, then enable and start it."""
-    from spark_cluster.ops.inventory import load_inventory
-
     from spark_cluster.ops import service as svc
+    from spark_cluster.ops.inventory import load_inventory
 
     inv = load_inventory(inventory)
     if dry_run:
@@ -52,9 +51,8 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
 @USER
 def uninstall(inventory: str, user: bool) -> int:
     """Stop and disable the service (the cluster keeps serving), remove its unit and environment file."""
-    from spark_cluster.ops.inventory import load_inventory
-
     from spark_cluster.ops import service as svc
+    from spark_cluster.ops.inventory import load_inventory
 
     removed = svc.uninstall(load_inventory(inventory), user)
     ui.console.print("\n".join(f"removed {p}" for p in removed) or "nothing was installed", highlight=False)
@@ -67,9 +65,8 @@ def uninstall(inventory: str, user: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(inventory: str, user: bool, as_json: bool) -> int:
     """Installed?, active?, restarts, and the last lines supervise logged."""
-    from spark_cluster.ops.inventory import load_inventory
-
     from spark_cluster.ops import service as svc
+    from spark_cluster.ops.inventory import load_inventory
 
     data = svc.status(load_inventory(inventory), user)
     if as_json:

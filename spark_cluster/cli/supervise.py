@@ -33,9 +33,8 @@ def supervise(inventory: str, metrics_port: int | None, metrics_address: str, ma
     """Bring the cluster up and keep it there: detect a dead or hung vLLM, a rebooted or
     unlinked node, memory not freed; restart with a capped back-off. SIGTERM stops
     supervising and leaves the cluster running. Exit 3: the restart budget is spent."""
-    from spark_cluster.ops.inventory import load_inventory
-
     from spark_cluster.core.supervise_policy import record, render
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.metrics import Board, serve_metrics
     from spark_cluster.ops.nodes import fleet_for

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from rich.progress import (
-    BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
-)
 from rich.text import Text
 
 from spark_cluster import ui
 from spark_cluster.ui.check_view import finding_lines
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 def linktest_event(event: str, **data: object) -> None:
@@ -86,6 +87,15 @@ class SyncView:
         elif event == "copy":
             total = int(data["bytes"])  # type: ignore[arg-type]
             if ui.console.is_terminal:
+                from rich.progress import (  # only when a copy starts: --help need not load it
+                    BarColumn,
+                    DownloadColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                    TransferSpeedColumn,
+                )
+
                 self._bar = Progress(TextColumn(f"  {data['node']}"), BarColumn(), DownloadColumn(),
                                      TransferSpeedColumn(), TimeRemainingColumn(), console=ui.console)
                 self._bar.start()
