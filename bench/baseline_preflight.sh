@@ -6,7 +6,7 @@
 # Usage: baseline_preflight.sh KEY KNOWN_HOSTS PLAN_DIR
 #   PLAN_DIR/nodes     one line per node, in inventory order: NAME<TAB>USER<TAB>ADDRESS<TAB>PORT
 #   PLAN_DIR/NAME.cmds that node's probe commands, each ended by a NUL byte (a command may
-#                      span lines). bench/preflight.py writes both from facts_probe.probes_for,
+#                      span lines). bench/preflight.py writes both from core.facts.probes_for,
 #                      so the work on the nodes is the work `check` asks for.
 #
 # Each probe's stdout and stderr go to a temporary folder, removed on exit. A probe exiting

@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from spark_cluster.core.facts_probe import probes_for  # noqa: E402
+from spark_cluster.core.facts import probes_for  # noqa: E402
 from spark_cluster.core.inventory import load_inventory  # noqa: E402
 
 BASELINE = HERE / "baseline_preflight.sh"

@@ -18,7 +18,7 @@ from spark_cluster.core import checks
 from spark_cluster.core.checks import Finding, Severity, cluster, driver, resources, run_checks
 from spark_cluster.core.errors import ConnectError
 from spark_cluster.core.facts import GIB, KIB, NodeFacts, parse_facts
-from spark_cluster.core.facts_probe import probes_for
+from spark_cluster.core.facts import fact, probes_for
 from spark_cluster.core.inventory import Inventory, parse_inventory
 from spark_cluster.core.serve_plan import serve_plan_or_none
 from spark_cluster.core.playbook import PLAYBOOK_DIR, PlaybookError, fill, load_playbook, playbooks, quote_param
@@ -221,7 +221,7 @@ def healthy_raw(node: str, index: int) -> dict[str, Any]:
 
 
 def host_probes(kernel: str = KERNEL, driver_: str = DRIVER) -> dict[str, dict[str, Any]]:
-    """The driver/RDMA probes of a healthy Spark (spark_cluster/core/host_probes.py)."""
+    """The driver/RDMA probes of a healthy Spark (spark_cluster/core/facts/driver.py and its siblings)."""
     ko = f"/lib/modules/{kernel}/kernel/nvidia-580-open/nvidia.ko.zst"
     return {
         "kernel_log": probe(f"[    6.252567] NVRM: loading NVIDIA UNIX Open Kernel Module for aarch64  {driver_}  "
@@ -276,6 +276,7 @@ def only(findings: list[Finding], id_: str) -> Finding:
 
 
 def set_probe(raw: dict[str, Any], name: str, out: str = "", rc: int = 0, err: str = "") -> None:
+    fact(name)  # a misspelt name fails here, not as a probe nobody reads
     raw["probes"][name] = probe(out, rc, err)
 
 

@@ -21,6 +21,11 @@ from spark_cluster.core.facts import (
     parse_processes, parse_proc_driver, parse_python, parse_release, parse_speeds,
 )
 
+from spark_cluster.core.facts import FACTS, fact
+from spark_cluster.core.facts.network import PING, ping_key
+from spark_cluster.core.facts.runtime import DOCKER
+from spark_cluster.core.facts.system import UNAME
+
 DATA = Path(__file__).parent / "data" / "spark"
 
 
@@ -398,8 +403,7 @@ def test_no_parser_raises_on_any_text(text: str) -> None:
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
                     max_leaves=20)
-PROBE_NAMES = st.sampled_from(["uname", "clock", "nvidia_smi", "packages", "ip_addr", "meminfo",
-                               "model_files", "python", "docker", "image", "secure_boot", "disk"])
+PROBE_NAMES = st.sampled_from(sorted(FACTS))
 
 
 @settings(max_examples=150, deadline=None)
@@ -473,8 +477,8 @@ def test_parse_facts_whole_answer() -> None:
     assert facts.reboot_required is True
     assert facts.runtime_versions == {"python": "3.12.3", "ray": "2.60.0", "vllm": "0.11.0"}
     assert facts.image_id is None
-    assert facts.probe("ping:enp1s0f1np1:spark-b").rc == 1
-    assert facts.probe("not-sent") == ProbeOutput(127, "", "not run")
+    assert facts.probe(PING, ping_key("enp1s0f1np1", "spark-b")).rc == 1
+    assert facts.probe(DOCKER) == ProbeOutput(127, "", "not run")  # a fact not sent reads as not run
     # Derived: the next boot takes 1021 (an installed image) which has no nvidia.ko.
     assert facts.next_boot_kernel == "6.17.0-1021-nvidia"
     assert facts.userspace_driver == "580.159.03"
@@ -516,7 +520,7 @@ def test_parse_facts_odd_answers(raw: object) -> None:
 
 def test_parse_facts_rc_not_an_int_is_a_failed_probe() -> None:
     facts = parse_facts("n", {"probes": {"uname": {"rc": "0", "out": "6.17.0-1014-nvidia aarch64"}}})
-    assert facts.probe("uname").rc == 127 and facts.kernel == ""
+    assert facts.probe(UNAME).rc == 127 and facts.kernel == ""
 
 
 # --- NodeFacts' derived values ------------------------------------------------------------------
@@ -579,3 +583,26 @@ def test_driver_branch() -> None:
     gpu = Gpu("NVIDIA GB10", "590.44.01", "12.1", None, None, "0000000F:01:00.0")
     assert NodeFacts("n", {}, gpu=gpu).driver_branch == "590"  # no packages: nvidia-smi's answer
     assert NodeFacts("n", {}).driver_branch == "580"  # nothing known: the Spark's branch
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+def test_a_misspelt_fact_fails_where_it_is_named() -> None:
+    with pytest.raises(KeyError, match="no fact 'nvidia-smi'"):
+        fact("nvidia-smi")
+    with pytest.raises(KeyError):
+        fact("ping")  # the pings are one probe per rail and peer, never a bare `ping`
+    with pytest.raises(ImportError):
+        exec("from spark_cluster.core.facts.driver import NVIDIA_SMII")
+    assert fact("ping:enp1s0f1np1:spark-b") is PING
+    assert fact("nvidia_smi").command.startswith("nvidia-smi --query-gpu=")
+
+
+def test_every_fact_is_registered_once_with_a_reader_that_survives_no_answer() -> None:
+    from spark_cluster.core.facts import driver, network, packages, runtime, system
+
+    defined = [f for m in (system, packages, driver, network, runtime) for f in m.FACTS]
+    assert sorted(f.name for f in defined) == sorted(FACTS)
+    for f in defined:
+        f.read(None)  # what did not run reads as unknown, never raises
+        f.read(ProbeOutput(124, "", "timed out after 10s"))

@@ -10,7 +10,7 @@ import time
 from test_checks import findings_of, healthy_cluster, ids, only, set_probe
 
 from spark_cluster.core.errors import CommandTimeout
-from spark_cluster.core.facts_probe import Probe, gather_command
+from spark_cluster.core.facts import Probe, gather_command
 from spark_cluster.ops.preflight import unreachable
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from spark_cluster.core.facts import parse_facts
+from spark_cluster.core.facts.driver import LSMOD
 
 FIXTURE = Path(__file__).parent / "data" / "real" / "h200-driver580-facts.json"
 
@@ -26,7 +27,7 @@ def test_real_driver_facts_parse() -> None:
     assert facts.loaded_driver == facts.gpu.driver
     assert facts.memory is not None and facts.memory.total > 100 * 1024**3
     # This machine has no kmod: no module list, and the parser says so by an empty set.
-    assert facts.probe("lsmod").rc == 127
+    assert facts.probe(LSMOD).rc == 127
     assert facts.modules == frozenset()
     assert facts.arch == "x86_64"
 

@@ -10,23 +10,18 @@ import re
 from dataclasses import dataclass
 
 from spark_cluster.core.facts import NodeFacts, ProbeOutput
-from spark_cluster.core.host_probes import STRICT
-from spark_cluster.core.parsers import apt_log, dkms, driver_info, kernel_log, rdma
+from spark_cluster.core.facts.base import Fact
+from spark_cluster.core.facts.driver import (
+    DKMS, HEADERS, KERNEL_LOG, MODINFO_NVIDIA, NVIDIA_FILES, NVIDIA_SMI, PROC_DRIVER,
+)
+from spark_cluster.core.facts.network import RDMA_LINK
+from spark_cluster.core.facts.packages import APT_HISTORY, HOLDS, UNATTENDED_LOG
+from spark_cluster.core.parsers import apt_log, dkms, driver_info, kernel_log
 
 
-def probe_status(facts: NodeFacts, name: str) -> str:
-    """`ok`, `failed`, `timed out` or `not run`. A probe outside STRICT answers with its exit code
-    (nvidia-smi's 9, modinfo's "not found"), so only a timeout or a missing command fails it."""
-    if name not in facts.probes:
-        return "not run"
-    probe = facts.probes[name]
-    if probe.rc in (124, 137) or "timed out" in probe.err[:200] or "slow probe" in probe.err[:200]:
-        return "timed out"
-    if probe.rc == 127 and not probe.out.strip():
-        return "failed"
-    if name in STRICT and probe.rc != 0:
-        return "failed"
-    return "ok"
+def probe_status(facts: NodeFacts, fact: Fact[object]) -> str:
+    """`ok`, `failed`, `timed out` or `not run` (facts.base.status)."""
+    return facts.status(fact)
 
 
 def failure_reason(probe: ProbeOutput) -> str:
@@ -36,8 +31,8 @@ def failure_reason(probe: ProbeOutput) -> str:
     return f"exit {probe.rc}"
 
 
-def answered(facts: NodeFacts, name: str) -> bool:
-    return probe_status(facts, name) == "ok"
+def answered(facts: NodeFacts, fact: Fact[object]) -> bool:
+    return facts.answered(fact)
 
 
 @dataclass(frozen=True)
@@ -60,17 +55,15 @@ class DriverView:
 
 
 def driver_view(facts: NodeFacts) -> DriverView:
-    def out(name: str) -> str | None:
-        return facts.probes[name].out if answered(facts, name) else None
-
-    proc_version, proc_flavour = driver_info.proc_version(out("proc_driver") or "")
-    log = kernel_log.parse_kernel_log(out("kernel_log")) if out("kernel_log") is not None else None
-    modinfo = driver_info.parse_modinfo(out("modinfo_nvidia") or "")
-    files = (out("nvidia_files") or "").splitlines()
+    proc = facts.probe(PROC_DRIVER)
+    proc_version, proc_flavour = driver_info.proc_version(proc.out if facts.answered(PROC_DRIVER) else "")
+    log = facts.value(KERNEL_LOG)
+    modinfo = facts.value(MODINFO_NVIDIA) or {}
+    files = facts.value(NVIDIA_FILES) or []
     paths = tuple(p.strip() for p in files if "/lib/modules/" in p)
     running = tuple(p for p in paths if facts.kernel and f"/lib/modules/{facts.kernel}/" in p)
-    dkms_text = out("dkms")
-    dkms_rows = dkms.parse_dkms_status(dkms_text or "")
+    dkms_status = facts.value(DKMS)
+    dkms_rows = dkms_status.entries if dkms_status is not None else ()
     packages = [(p.name, p.version, p.installed) for p in facts.packages.values()]
     module_pkgs = [p.name for p in facts.packages.values() if p.installed]
 
@@ -101,7 +94,7 @@ def driver_view(facts: NodeFacts) -> DriverView:
         userspace = (f"dpkg: {found[0]}", found[1])
     elif (lib := driver_info.library_version("\n".join(files))) is not None:
         userspace = (f"libnvidia-ml.so.{lib}", lib)
-    smi = facts.probe("nvidia_smi")
+    smi = facts.probe(NVIDIA_SMI)
     nvml = driver_info.nvml_version(smi.out + "\n" + smi.err)
     if userspace is None and nvml:
         userspace = ("nvidia-smi: NVML library version", nvml)
@@ -117,7 +110,7 @@ def driver_view(facts: NodeFacts) -> DriverView:
     loaded_flavour = loaded_flavour or (log.loaded_flavour if log else None)
 
     ports = None
-    if (text := out("rdma_link")) is not None and (parsed := rdma.parse_rdma_link(text)):
+    if parsed := facts.value(RDMA_LINK):
         ports = {p.netdev: p.active for p in parsed.values() if p.netdev}
     if not ports and facts.ibdev:
         ports = {netdev: up for netdev, (_, up) in facts.ibdev.items()}
@@ -128,15 +121,15 @@ def driver_view(facts: NodeFacts) -> DriverView:
         disk_flavour=disk,
         install_method=method,
         module_paths=paths,
-        dkms_installed=None if dkms_text is None else "not installed" not in dkms_text,
+        dkms_installed=None if dkms_status is None else dkms_status.installed,
         dkms_nvidia=nvidia_dkms,
-        headers=None if out("headers") is None else out("headers").strip() == "present",
+        headers=facts.value(HEADERS),
         userspace=userspace,
         nvml_version=nvml,
         log=log,
-        apt_runs=apt_log.parse_apt_history(out("apt_history")) if out("apt_history") is not None else None,
-        unattended=apt_log.parse_unattended_log(out("unattended_log")) if out("unattended_log") is not None else None,
-        holds=apt_log.parse_showhold(out("holds")) if out("holds") is not None else None,
+        apt_runs=facts.value(APT_HISTORY),
+        unattended=facts.value(UNATTENDED_LOG),
+        holds=facts.value(HOLDS),
         ports=ports,
     )
 

@@ -14,6 +14,12 @@ from typing import Any
 from spark_cluster.core.checks import HOST_CHECKS
 from spark_cluster.core.checks.base import Finding, Severity, blocker
 from spark_cluster.core.facts import parse_facts
+from spark_cluster.core.facts.driver import (
+    DKMS, KERNEL_LOG, LSMOD, LSMOD_FILTERED, MODINFO_NVIDIA, NVIDIA_SMI, PROC_DRIVER,
+)
+from spark_cluster.core.facts.network import IBDEV2NETDEV, RDMA_LINK
+from spark_cluster.core.facts.packages import APT_HISTORY, HOLDS, KERNEL_MODULES, PACKAGES, UNATTENDED_LOG
+from spark_cluster.core.facts.system import UNAME
 from spark_cluster.core.parsers import driver_info
 
 NODE = "pasted"
@@ -57,20 +63,11 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("ibdev2netdev", re.compile(r"^\S+\s+port\s+[0-9]+\s+==>\s+\S+\s+\((Up|Down)\)")),
 )
 
-# What the checks would read, and what it would have shown, for the `unknown` list.
-UNKNOWN = {
-    "nvidia_smi": "nvidia-smi: whether the driver answers",
-    "uname": "uname -r: the running kernel",
-    "lsmod": "lsmod: which modules are loaded",
-    "proc_driver": "/proc/driver/nvidia/version: the loaded module's version and flavour",
-    "packages": "dpkg -l: the installed driver and module packages",
-    "modinfo_nvidia": "modinfo nvidia: the module on disk, its flavour and how it was installed",
-    "kernel_log": "journalctl -k / dmesg: NVRM errors and Xid events since boot",
-    "dkms": "dkms status: whether DKMS builds the module",
-    "apt_history": "/var/log/apt/history.log: which upgrade changed the driver",
-    "holds": "apt-mark showhold: whether the driver packages are held",
-    "rdma_link": "rdma link / ibdev2netdev / ibstat: which RDMA ports have link",
-}
+# What the checks would read, for the `unknown` list (each fact says what it would have shown).
+UNKNOWN = (NVIDIA_SMI, UNAME, LSMOD, PROC_DRIVER, PACKAGES, MODINFO_NVIDIA, KERNEL_LOG, DKMS, APT_HISTORY,
+           HOLDS, RDMA_LINK)
+# Section kinds that are the output of one fact as `check` gathers it.
+_AS_GATHERED = {f.name: f for f in (DKMS, APT_HISTORY, UNATTENDED_LOG, HOLDS, RDMA_LINK, IBDEV2NETDEV)}
 TOOL_NAMES = {"nvidia_smi": "nvidia-smi", "proc_driver": "/proc/driver/nvidia/version", "uname": "uname",
               "lsmod": "lsmod", "modinfo": "modinfo", "modprobe": "modprobe", "dpkg": "dpkg -l",
               "dkms": "dkms status", "kernel_log": "kernel log", "apt_history": "apt history",
@@ -197,7 +194,7 @@ def paste_probes(sections: list[Section]) -> dict[str, dict[str, Any]]:
         return {"rc": rc, "out": out, "err": ""}
 
     if "nvidia_smi" in by_kind:
-        probes["nvidia_smi"] = _smi_probe(by_kind["nvidia_smi"][-1].text)
+        probes[NVIDIA_SMI.name] = _smi_probe(by_kind["nvidia_smi"][-1].text)
     kernel = arch = ""
     for s in by_kind.get("uname", ()):
         words = s.text.split()
@@ -207,36 +204,36 @@ def paste_probes(sections: list[Section]) -> dict[str, dict[str, Any]]:
             kernel = words[0]
     if "proc_driver" in by_kind:
         text = joined("proc_driver")
-        probes["proc_driver"] = ok(text, 0 if "NVRM version" in text else 1)
+        probes[PROC_DRIVER.name] = ok(text, 0 if "NVRM version" in text else 1)
     if "lsmod" in by_kind:
         sections_ = by_kind["lsmod"]
-        probes["lsmod"] = ok(joined("lsmod"))
+        probes[LSMOD.name] = ok(joined("lsmod"))
         if any("|" in s.command or "grep" in s.command for s in sections_) or "Module" not in joined("lsmod"):
-            probes["lsmod_filtered"] = ok("")  # a listing cut by grep shows what it kept, not what is missing
+            probes[LSMOD_FILTERED.name] = ok("")  # a listing cut by grep shows what it kept, not what is missing
     text = joined("modinfo")
     missing_module = bool(re.search(r"Module nvidia not found", text))
     if "modinfo" in by_kind:
-        probes["modinfo_nvidia"] = ok(text, 1 if missing_module else 0)
+        probes[MODINFO_NVIDIA.name] = ok(text, 1 if missing_module else 0)
     modprobe = joined("modprobe")
     if m := re.search(r"Module nvidia\S* not found in directory /lib/modules/(\S+)", modprobe):
         kernel = kernel or m.group(1)
         missing_module = True
     if kernel:
-        probes["uname"] = ok(f"{kernel} {arch}".strip() + "\n")
+        probes[UNAME.name] = ok(f"{kernel} {arch}".strip() + "\n")
         fields = driver_info.parse_modinfo(text)
         version = (fields.get("version") or [""])[0]
         on_disk = any(f"/lib/modules/{kernel}/" in f for f in fields.get("filename", ()))
         if missing_module or (version and on_disk):
-            probes["kernel_modules"] = ok(f"{kernel}\t{'' if missing_module else version}\n")
+            probes[KERNEL_MODULES.name] = ok(f"{kernel}\t{'' if missing_module else version}\n")
     if "dpkg" in by_kind:
-        probes["packages"] = ok(_dpkg_rows(joined("dpkg")))
+        probes[PACKAGES.name] = ok(_dpkg_rows(joined("dpkg")))
     log = joined("kernel_log") + "".join(f"kernel: {line}\n" for line in modprobe.splitlines()
                                          if "Key was rejected" in line)
     if log:
-        probes["kernel_log"] = ok(log)
-    for kind in ("dkms", "apt_history", "unattended_log", "holds", "rdma_link", "ibdev2netdev"):
+        probes[KERNEL_LOG.name] = ok(log)
+    for kind, fact in _AS_GATHERED.items():
         if kind in by_kind:
-            probes[kind] = ok(joined(kind))
+            probes[fact.name] = ok(joined(kind))
     return probes
 
 
@@ -254,9 +251,9 @@ def diagnose_host_output(text: str) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
             findings.append(blocker("check.crashed", NODE, f"the check {check.__name__} failed: {exc!r}",
                                     "a bug in spark-cluster: please report it"))
-    shown = set(probes) | ({"rdma_link"} if {"ibdev2netdev", "ibstat"} & {s.kind for s in sections} else set())
-    unknown = [hint for name, hint in UNKNOWN.items() if name not in shown]
-    if "lsmod_filtered" in probes:
+    shown = set(probes) | ({RDMA_LINK.name} if {"ibdev2netdev", "ibstat"} & {s.kind for s in sections} else set())
+    unknown = [f.shows for f in UNKNOWN if f.name not in shown]
+    if LSMOD_FILTERED.name in probes:
         unknown.append("lsmod was cut by grep: which RDMA modules are loaded")
     return {
         "ok": not any(f.severity in (Severity.BLOCKER, Severity.WARNING) for f in findings),

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from spark_cluster.core.facts_probe import remote_path
+from spark_cluster.core.shell import remote_path
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.secrets import FILE_VAR, source_and_remove, split
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from spark_cluster.core.errors import UsageError
-from spark_cluster.core.facts_probe import remote_path
+from spark_cluster.core.shell import remote_path
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.ray_plan import auth_warning, container_name, node_env, plan_mp, state_dir, worker_only_env
 from spark_cluster.core.recipes import Recipe, load_recipe

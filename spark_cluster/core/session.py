@@ -45,7 +45,7 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
     daemons TERMed all at once with their parent sit out the signal for half a minute. Without
     a leader, the whole session gets it. What is left after `grace_s` is KILLed.
 
-    `directory` is a shell word (see facts_probe.remote_path); file names are plain words.
+    `directory` is a shell word (see shell.remote_path); file names are plain words.
     Exits 0 when none of the session is left (or there was none), 1 naming what is left.
     A pid recorded in another boot, or now naming another process, is never signalled.
     """

@@ -143,7 +143,7 @@ def _collect(inventory, fleet, previous, plan, api) -> dict[str, object]:  # noq
     data: dict[str, object] = {"cluster": inventory.cluster.name, "healthy": healthy, "nodes": nodes, "ray": ray}
     data["time"] = round(time.time(), 3)
     if plan is not None:
-        from spark_cluster.core.facts_probe import remote_path
+        from spark_cluster.core.shell import remote_path
 
         if first is not None and first[1]:
             time.sleep(max(0.0, RATE_WINDOW_S - (time.monotonic() - first[0])))

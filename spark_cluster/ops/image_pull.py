@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.core.facts_probe import remote_path
+from spark_cluster.core.shell import remote_path
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.ray_plan import state_dir
 

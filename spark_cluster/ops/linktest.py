@@ -135,7 +135,7 @@ def _runtime_command(inventory: Inventory, env: dict[str, str], args: list[str])
         for key, value in env.items():
             words += ["-e", f"{key}={value}"]
         return shlex.join([*words, container_name(inventory), "python3", "-c", script, *args])
-    from spark_cluster.core.facts_probe import remote_path
+    from spark_cluster.core.shell import remote_path
 
     python = remote_path(cluster.python) if cluster.python else "python3"
     assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())

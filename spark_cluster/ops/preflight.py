@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from spark_cluster.core.checks import Finding, run_checks
 from spark_cluster.core.checks.base import blocker, manual
 from spark_cluster.core.errors import CommandTimeout, SparkClusterError
-from spark_cluster.core.facts import NodeFacts, parse_facts
-from spark_cluster.core.facts_probe import gather_command, probes_for
+from spark_cluster.core.facts import NodeFacts, gather_command, parse_facts, probes_for
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.transport.remote import Fleet, Node

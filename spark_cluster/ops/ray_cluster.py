@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.core.facts_probe import remote_path
+from spark_cluster.core.shell import remote_path
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.ray_plan import (
     DASHBOARD_PORT,

@@ -12,7 +12,7 @@ import os
 import shlex
 
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.core.facts_probe import remote_path
+from spark_cluster.core.shell import remote_path
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.secrets import exports, stdin_lines
 from spark_cluster.core.serve_plan import NodeCommand, ServePlan, launch_record

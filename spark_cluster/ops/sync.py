@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spark_cluster.core.errors import SparkClusterError, UsageError
-from spark_cluster.core.facts_probe import model_dir, remote_path
+from spark_cluster.core.shell import model_dir, remote_path
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.programs import source

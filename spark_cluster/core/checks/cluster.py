@@ -65,7 +65,7 @@ def check_model_files(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> I
     listed = {n: f.model_files for n, f in facts.items() if f.model_files is not None}
     if not listed or inventory.model is None:
         return
-    from spark_cluster.core.facts_probe import model_repo
+    from spark_cluster.core.facts.runtime import model_repo
 
     name = model_repo(inventory)
     if not any(listed.values()):

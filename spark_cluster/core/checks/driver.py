@@ -7,6 +7,12 @@ from collections.abc import Iterator
 import re
 
 from spark_cluster.core.driver_view import DriverView, answered, driver_view, failure_reason, needs_open_modules, probe_status
+from spark_cluster.core.facts.driver import (
+    DKMS, HEADERS, KERNEL_LOG, LSMOD, LSMOD_FILTERED, MODINFO_NVIDIA, NVIDIA_FILES, NVIDIA_SMI, PROC_DRIVER,
+)
+from spark_cluster.core.facts.network import IBDEV2NETDEV, RDMA_LINK
+from spark_cluster.core.facts.packages import APT_HISTORY, HOLDS, KERNEL_MODULES, PACKAGES
+from spark_cluster.core.facts.system import UNAME
 from spark_cluster.core.parsers.apt_log import is_driver_package
 from spark_cluster.core.parsers.driver_info import same_version
 from spark_cluster.core.parsers.kernel_log import XID_MEANING, KernelLog
@@ -42,10 +48,10 @@ def repair_packages(facts: NodeFacts, kernel: str) -> str:
 
 
 def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
-    smi = facts.probe("nvidia_smi")
+    smi = facts.probe(NVIDIA_SMI)
     node = facts.node
     kernel = facts.kernel
-    status = probe_status(facts, "nvidia_smi")
+    status = probe_status(facts, NVIDIA_SMI)
     if status == "timed out":
         yield blocker(
             "driver.nvidia-smi-hung", node,
@@ -61,7 +67,7 @@ def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
         # An empty module list means lsmod did not answer (no kmod); nvidia-smi answering
         # proves the driver is loaded, so only a listing that lacks a module is evidence.
         missing = [m for m in GPU_MODULES if m not in facts.modules]
-        if missing and facts.modules and answered(facts, "lsmod"):
+        if missing and facts.modules and answered(facts, LSMOD):
             yield _not_loaded(facts, missing)
         return
     text = smi.out + smi.err
@@ -107,7 +113,7 @@ def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
                       evidence + _log_evidence(view),
                       manual("check `sudo journalctl -k -b | grep -i nvrm`; a reboot usually clears it"))
         return
-    if not kernel or not (answered(facts, "kernel_modules") or facts.packages or view.module_paths):
+    if not kernel or not (answered(facts, KERNEL_MODULES) or facts.packages or view.module_paths):
         # nvidia-smi shows the fault; which kernel runs, or what is installed for it, is unknown.
         yield blocker(
             "driver.unreachable", node,
@@ -133,7 +139,7 @@ def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
                    f"nvidia-dkms-{facts.driver_branch}-open; sudo apt-get install -y "
                    f"{repair_packages(facts, kernel)}"))
         return
-    if status != "ok" and not answered(facts, "lsmod"):
+    if status != "ok" and not answered(facts, LSMOD):
         return
     yield _not_loaded(facts, [m for m in GPU_MODULES if m not in facts.modules] or ["nvidia"],
                       evidence)
@@ -143,7 +149,7 @@ def _module_evidence(facts: NodeFacts, view: DriverView) -> bool:
     """Without nvidia-smi: does anything else show the GPU driver failing?"""
     log = view.log
     return bool(log and (log.adapter_failures or log.api_mismatch)) or (
-        answered(facts, "lsmod") and "nvidia" not in facts.modules)
+        answered(facts, LSMOD) and "nvidia" not in facts.modules)
 
 
 def _log_line(log: KernelLog | None, needle: str) -> str:
@@ -212,8 +218,8 @@ def _upgrade_trace(view: DriverView, version: str | None) -> str:
 def _mismatch(facts: NodeFacts, view: DriverView) -> Finding | None:
     """Loaded module and userspace driver compared by their versions, not only by nvidia-smi's word."""
     if view.loaded_version and view.userspace and not same_version(view.loaded_version, view.userspace[1]):
-        smi = facts.probe("nvidia_smi")
-        evidence = f"nvidia-smi (exit {smi.rc}): {smi.first_line}" if answered(facts, "nvidia_smi") and not smi.ok else ""
+        smi = facts.probe(NVIDIA_SMI)
+        evidence = f"nvidia-smi (exit {smi.rc}): {smi.first_line}" if answered(facts, NVIDIA_SMI) and not smi.ok else ""
         return _mismatch_finding(facts, view, evidence)
     return None
 
@@ -303,7 +309,7 @@ def check_next_boot(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Findi
 
 
 def check_rdma_modules(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
-    if not facts.modules or not answered(facts, "lsmod") or "lsmod_filtered" in facts.probes:
+    if not facts.modules or not answered(facts, LSMOD) or facts.value(LSMOD_FILTERED):
         return  # lsmod did not answer; the driver check says what is wrong
     missing = [m for m in RDMA_MODULES if m not in facts.modules]
     if missing:
@@ -315,18 +321,17 @@ def check_rdma_modules(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Fi
 
 
 # The probes the driver and RDMA checks read: when one failed, what it would have shown is unknown.
-WATCHED = ("nvidia_smi", "uname", "lsmod", "packages", "kernel_modules", "proc_driver", "kernel_log",
-           "modinfo_nvidia", "nvidia_files", "dkms", "headers", "apt_history", "holds", "rdma_link",
-           "ibdev2netdev")
+WATCHED = (NVIDIA_SMI, UNAME, LSMOD, PACKAGES, KERNEL_MODULES, PROC_DRIVER, KERNEL_LOG, MODINFO_NVIDIA,
+           NVIDIA_FILES, DKMS, HEADERS, APT_HISTORY, HOLDS, RDMA_LINK, IBDEV2NETDEV)
 
 
 def check_probes(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]:
     """A probe that failed or timed out is unknown, never evidence of a fault (a hung nvidia-smi is
     check_driver's)."""
-    for name in WATCHED:
-        status = probe_status(facts, name)
-        if status in ("failed", "timed out") and not (name == "nvidia_smi" and status == "timed out"):
-            probe = facts.probe(name)
+    for fact in WATCHED:
+        name, status = fact.name, probe_status(facts, fact)
+        if status in ("failed", "timed out") and not (fact is NVIDIA_SMI and status == "timed out"):
+            probe = facts.probe(fact)
             yield info("probe.failed", facts.node,
                           f"unknown: probe {name} failed on {facts.node} ({failure_reason(probe)})",
                           f"{name}: exit {probe.rc}",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from spark_cluster.core.facts import NodeFacts
+from spark_cluster.core.facts import MISSING, NodeFacts
+from spark_cluster.core.facts.network import PING, ping_key
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.checks.base import Finding, blocker, fix, manual, warning
 from spark_cluster.core.checks.rdma_ports import ports_with_link
@@ -103,8 +104,10 @@ def _pings(inventory: Inventory, facts: Mapping[str, NodeFacts],
             continue
         for r, rail in enumerate(spec.link.rails):
             for peer in inventory.nodes:
-                probe = f.probes.get(f"ping:{rail.interface}:{peer.name}")
-                if probe is None or probe.ok:
+                if peer.name == spec.name:
+                    continue
+                probe = f.probe(PING, ping_key(rail.interface, peer.name))
+                if probe is MISSING or probe.ok:
                     continue
                 if (spec.name, r) in explained or (peer.name, r) in explained:
                     continue

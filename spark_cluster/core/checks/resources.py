@@ -6,6 +6,7 @@ import statistics
 from collections.abc import Iterator, Mapping
 
 from spark_cluster.core.facts import GIB, NodeFacts, Process
+from spark_cluster.core.facts.system import SUDO
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.checks.base import Finding, NodeContext, blocker, fix, gib, info, manual, warning
 
@@ -155,14 +156,14 @@ def check_access(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
     from spark_cluster.core.checks.driver import WATCHED  # those have their own finding (probe.failed, nvidia-smi-hung)
 
     for name, probe in facts.probes.items():
-        if name not in WATCHED and probe.rc == 124 and probe.err.startswith("timed out after "):
+        if name not in {f.name for f in WATCHED} and probe.rc == 124 and probe.err.startswith("timed out after "):
             yield warning(
                 "facts.probe-slow", facts.node,
                 f"slow probe {name} on {facts.node}: no answer in {probe.err[16:]}, so what it "
                 "looks at is not checked (the node itself answered)",
                 f"{name}: {probe.err}", manual(f"see what makes it slow on {facts.node}"))
     if not facts.sudo_ok:
-        sudo = facts.probe("sudo")
+        sudo = facts.probe(SUDO)
         yield warning(
             "sudo.needs-password", facts.node,
             f"sudo asks {ctx.spec.user} for a password: `fix` cannot repair this node unattended",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from spark_cluster.core.facts import NodeFacts
+from spark_cluster.core.facts.runtime import DOCKER, IMAGE, PYTHON
 from spark_cluster.core.ray_plan import RAY_AUTH_SINCE, has_token_auth
 from spark_cluster.core.checks.base import Finding, NodeContext, blocker, manual
 
@@ -23,7 +24,7 @@ def check_runtime(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
 
 def _container(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
     node, user, image = facts.node, ctx.spec.user, ctx.inventory.cluster.image or ""
-    docker = facts.probe("docker")
+    docker = facts.probe(DOCKER)
     if not docker.ok:
         said = (docker.err or docker.out).strip().splitlines()
         evidence = said[-1][:200] if said else f"exit {docker.rc}"
@@ -44,7 +45,7 @@ def _container(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
                           manual(f"on {node}: run `docker info` and fix what it says"))
         return
     if image and facts.image_id is None:
-        probe = facts.probe("image")
+        probe = facts.probe(IMAGE)
         said = (probe.err or probe.out).strip().splitlines()
         yield blocker("runtime.image-missing", node, f"the image {image} is not on {node}",
                       said[-1][:200] if said else f"docker image inspect {image}: exit {probe.rc}",
@@ -72,7 +73,7 @@ def _container(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
 def _host(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
     node, cluster = facts.node, ctx.inventory.cluster
     python = cluster.python or "python3"
-    probe = facts.probe("python")
+    probe = facts.probe(PYTHON)
     if not probe.ok or "python" not in facts.runtime_versions:
         said = (probe.err or probe.out).strip().splitlines()
         yield blocker("runtime.python-missing", node, f"the Python {python} does not run on {node}",

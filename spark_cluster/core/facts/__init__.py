@@ -1,0 +1,63 @@
+"""A node's facts: each defined once, as its name, the command that gathers it and the reader of
+its output (facts.base.Fact), in the module of its concern; all of them in FACTS.
+
+`check` gathers them (facts.gather) and `diagnose --host-output` fills them from a paste; both read
+them with the same readers (facts.node.parse_facts). Whatever reads a fact imports its object
+(`from spark_cluster.core.facts.driver import NVIDIA_SMI`), so a misspelt fact fails at import.
+"""
+
+from __future__ import annotations
+
+from spark_cluster.core.facts import driver, network, packages, runtime, system
+from spark_cluster.core.facts.base import GIB, KIB, MISSING, Fact, Probe, ProbeOutput, Target
+from spark_cluster.core.facts.driver import Gpu, parse_gpu, parse_lsmod, parse_proc_driver
+from spark_cluster.core.facts.gather import gather_command, probes_for
+from spark_cluster.core.facts.network import Interface, parse_ibdev2netdev, parse_ip_addr, parse_speeds
+from spark_cluster.core.facts.node import NodeFacts, parse_facts
+from spark_cluster.core.facts.packages import Package, kernel_sort_key, parse_kernel_modules, parse_packages
+from spark_cluster.core.facts.runtime import parse_model_files, parse_python
+from spark_cluster.core.facts.system import Disk, Memory, Process, parse_df, parse_meminfo, parse_processes, parse_release
+
+# The registry, in the order the gatherer starts them (the slow driver-history ones after the
+# quick ones, the pings last).
+_ORDER = (
+    system.HOSTNAME, system.UNAME, system.OS_RELEASE, system.DGX_RELEASE,
+    packages.PACKAGES, packages.KERNEL_MODULES,
+    driver.NVIDIA_SMI, driver.PROC_DRIVER, driver.LSMOD,
+    network.IBDEV2NETDEV, network.IP_ADDR, network.SPEED,
+    system.MEMINFO, system.PROCESSES, system.CLOCK, system.SUDO, system.SECURE_BOOT, system.REBOOT_REQUIRED,
+    driver.KERNEL_LOG, driver.MODINFO_NVIDIA, driver.NVIDIA_FILES, driver.DKMS, driver.HEADERS,
+    packages.APT_HISTORY, packages.UNATTENDED_LOG, packages.HOLDS, network.RDMA_LINK,
+    runtime.OWN_PIDS, system.DISK, runtime.MODEL_FILES, runtime.DOCKER, runtime.IMAGE, runtime.PYTHON,
+    network.PING, driver.LSMOD_FILTERED,
+)
+FACTS: dict[str, Fact[object]] = {f.name: f for f in _ORDER}
+
+
+def _complete() -> None:
+    """Every fact of the concern modules is in FACTS once: a new one cannot be forgotten."""
+    defined = [f for module in (system, packages, driver, network, runtime) for f in module.FACTS]
+    names = [f.name for f in defined]
+    if len(set(names)) != len(names) or set(names) != set(FACTS) or len(_ORDER) != len(FACTS):
+        raise ImportError(f"the fact registry and the fact modules disagree: {sorted(set(names) ^ set(FACTS))}")
+
+
+_complete()
+
+
+def fact(name: str) -> Fact[object]:
+    """The registered fact called `name` (`ping:IFACE:PEER` names the ping fact); a KeyError naming
+    the known ones for any other."""
+    found = FACTS.get(name.split(":", 1)[0])
+    if found is None or (":" in name) != (found is network.PING):
+        raise KeyError(f"no fact {name!r}; the facts are {', '.join(FACTS)}")
+    return found
+
+
+__all__ = [
+    "FACTS", "GIB", "KIB", "MISSING", "Disk", "Fact", "Gpu", "Interface", "Memory", "NodeFacts", "Package",
+    "Probe", "ProbeOutput", "Process", "Target", "fact", "gather_command", "kernel_sort_key", "parse_df",
+    "parse_facts", "parse_gpu", "parse_ibdev2netdev", "parse_ip_addr", "parse_kernel_modules", "parse_lsmod",
+    "parse_meminfo", "parse_model_files", "parse_packages", "parse_processes", "parse_proc_driver",
+    "parse_python", "parse_release", "parse_speeds", "probes_for",
+]
