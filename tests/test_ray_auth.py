@@ -26,7 +26,8 @@ from spark_cluster.ops import health
 
 from spark_cluster import ui
 from spark_cluster.core.inventory import InventoryError, load_inventory, parse_inventory
-from spark_cluster.ops.ray_cluster import _STATE_QUERY, RayError, _describe, _start_host, bring_up, query_state
+from spark_cluster.programs import source
+from spark_cluster.ops.ray_cluster import RayError, _describe, _start_host, bring_up, query_state
 from spark_cluster.core.ray_plan import (
     auth_warning,
     config_digest,
@@ -266,7 +267,7 @@ def dashboard() -> Iterator[str]:
 
 
 def ask(url: str, *args: str) -> dict:
-    done = subprocess.run([sys.executable, "-I", "-c", _STATE_QUERY, url, *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-I", "-c", source("ray_state"), url, *args], capture_output=True, text=True,
                           timeout=30)
     return json.loads(done.stdout)
 

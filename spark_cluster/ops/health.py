@@ -97,8 +97,6 @@ def collect_status(inventory, fleet, previous: dict | None = None) -> dict[str, 
     Throughput comes from two samples of vLLM's counters: `previous` (watch's last snapshot)
     and now, or, without one, a sample taken first and another at least RATE_WINDOW_S later.
     """
-    from spark_cluster.ops.ray_cluster import query_state
-
     plan = None
     if inventory.model is not None:
         from spark_cluster.ops.reach import reach
@@ -112,7 +110,7 @@ def collect_status(inventory, fleet, previous: dict | None = None) -> dict[str, 
 
 def _collect(inventory, fleet, previous, plan, api) -> dict[str, object]:  # noqa: ANN001 - Inventory, Fleet, dict, ServePlan, ServePlan
     """`api`: the plan with an endpoint this machine reaches (a forward to a loopback API)."""
-    from spark_cluster.ops.ray_cluster import query_state
+    from spark_cluster.ops.ray_state import query_state
 
     first: tuple[float, dict[str, float] | None] | None = None
     if plan is not None and previous is None:

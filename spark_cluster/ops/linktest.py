@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +23,8 @@ from spark_cluster.core.nccl_log import parse_nccl
 from spark_cluster.core.ray_plan import container_name, node_env
 from spark_cluster.core.report_data import finding_dict
 from spark_cluster.transport.remote import Fleet, Node
-from spark_cluster.programs import source
+from spark_cluster.core.shell import join, remote_path
+from spark_cluster.programs import PYTHON, command, words
 
 Emit = Callable[..., None]
 
@@ -78,10 +78,9 @@ def _links(node: Node) -> dict[str, dict]:
 
 
 def _ping(node: Node, path: RailPath, size: int) -> dict:
-    q = shlex.quote
-    command = (f"ping -c 2 -i 0.2 -W 2 -M do -s {size} -I {q(path.interface)} {q(path.target)}; rc=$?; "
-               f"echo '--neigh--'; ip -j neigh show dev {q(path.interface)}; exit $rc")
-    result = node.run(command, timeout=20)
+    ping = join("ping", "-c", 2, "-i", 0.2, "-W", 2, "-M", "do", "-s", size, "-I", path.interface, path.target)
+    neigh = join("ip", "-j", "neigh", "show", "dev", path.interface)
+    result = node.run(f"{ping}; rc=$?; echo '--neigh--'; {neigh}; exit $rc", timeout=20)
     out, _, neigh = result.stdout.partition("--neigh--")
     lladdr = None
     try:
@@ -99,20 +98,21 @@ def _ping(node: Node, path: RailPath, size: int) -> dict:
 def _tcp(fleet: Fleet, path: RailPath, streams: int, seconds: float) -> dict:
     """Receiver on dst bound to its rail address, sender on src bound to its own."""
     port = random.randint(41000, 48999)
-    script = shlex.quote(source("tcp_rate"))
     server_out: dict[str, object] = {}
 
     def serve() -> None:
         try:
             server_out["result"] = fleet.node(path.dst.name).run(
-                f"python3 -I -c {script} serve {path.target} {port} {streams} {seconds}", timeout=seconds + 40)
+                command("tcp_rate", "serve", path.target, port, streams, seconds, isolated=True),
+                timeout=seconds + 40)
         except SparkClusterError as exc:
             server_out["error"] = exc
 
     thread = threading.Thread(target=serve)
     thread.start()
     sent = fleet.node(path.src.name).run(
-        f"python3 -I -c {script} send {path.source} {path.target} {port} {streams} {seconds}", timeout=seconds + 40)
+        command("tcp_rate", "send", path.source, path.target, port, streams, seconds, isolated=True),
+        timeout=seconds + 40)
     thread.join()
     received = server_out.get("result")
     try:
@@ -128,18 +128,13 @@ def _tcp(fleet: Fleet, path: RailPath, streams: int, seconds: float) -> dict:
 
 def _runtime_command(inventory: Inventory, env: dict[str, str], args: list[str]) -> str:
     """The all-gather inside the cluster's runtime: its host Python, or its container's."""
-    script = source("allgather")
     cluster = inventory.cluster
+    assignments = [f"{key}={value}" for key, value in env.items()]
     if cluster.runtime == "container":
-        words = ["docker", "exec"]
-        for key, value in env.items():
-            words += ["-e", f"{key}={value}"]
-        return shlex.join([*words, container_name(inventory), "python3", "-c", script, *args])
-    from spark_cluster.core.shell import remote_path
-
-    python = remote_path(cluster.python) if cluster.python else "python3"
-    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-    return f"env {assignments} {python} -c {shlex.quote(script)} {shlex.join(args)}"
+        return join("docker", "exec", *(w for a in assignments for w in ("-e", a)), container_name(inventory),
+                    *words("allgather", *args))
+    python = remote_path(cluster.python) if cluster.python else PYTHON
+    return join("env", *assignments, *words("allgather", *args, python=python))
 
 
 def allgather(inventory: Inventory, fleet: Fleet, timeout_s: float = 300.0) -> dict:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import secrets
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.core.shell import remote_path
-from spark_cluster.core.inventory import Inventory, NodeSpec
+from spark_cluster.core.shell import Raw, join, remote_path
+from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.ray_plan import (
     DASHBOARD_PORT,
     RayNodePlan,
@@ -33,6 +32,8 @@ from spark_cluster.core.ray_plan import (
     state_dir,
     token_path,
 )
+from spark_cluster.ops.ray_state import RayError, RayState, query_state
+from spark_cluster.programs import PYTHON, command
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.secrets import REDACTED, container_file_lines, exports, is_secret, stdin_lines
 from spark_cluster.core.serve_plan import API_PORT
@@ -41,117 +42,12 @@ from spark_cluster.core.session import record_session, session_of, stop_session_
 JOIN_DEADLINE_S = 120.0
 STOP_DEADLINE_S = 20.0
 
-# Asks the head's dashboard (bound to the link address) for Ray's view of the cluster,
-# with the node's own python3 and no Ray import: importing ray costs a second or two. With
-# token authentication the token is read here, on the head, from its file (argv[2]): it never
-# travels, and is on no command line.
-_STATE_QUERY = r"""
-import json, sys, urllib.error, urllib.request
-base = sys.argv[1]
-headers, unread = {}, None
-if len(sys.argv) > 2:
-    try:
-        with open(sys.argv[2]) as f:
-            headers["Authorization"] = "Bearer " + f.read().strip()
-    except OSError as e:
-        unread = "cannot read %s: %s" % (sys.argv[2], e.strerror)
-def get(path):
-    request = urllib.request.Request(base + path, headers=headers)
-    with urllib.request.urlopen(request, timeout=5) as r:
-        return json.load(r)
-try:
-    nodes = get("/api/v0/nodes?detail=1&limit=100")["data"]["result"]["result"]
-    version = get("/api/version").get("ray_version")
-except urllib.error.HTTPError as e:
-    if e.code in (401, 403):
-        print(json.dumps({"error": "HTTP %d %s" % (e.code, e.reason), "refused": e.code, "unread": unread}))
-        sys.exit(0)
-    print(json.dumps({"error": "HTTPError: %s" % e})); sys.exit(0)
-except Exception as e:
-    print(json.dumps({"error": "%s: %s" % (type(e).__name__, e)})); sys.exit(0)
-print(json.dumps({"version": version, "nodes": [
-    {"ip": n.get("node_ip"), "state": n.get("state"), "head": bool(n.get("is_head_node")),
-     "gpus": (n.get("resources_total") or {}).get("GPU", 0), "message": n.get("state_message") or ""}
-    for n in nodes]}))
-"""
-
-
-class RayError(SparkClusterError):
-    pass
-
-
-@dataclass(frozen=True)
-class RayNode:
-    name: str | None  # the inventory's name for this address, if any
-    ip: str
-    alive: bool
-    gpus: float
-    head: bool
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class RayState:
-    reachable: bool
-    version: str | None = None
-    nodes: tuple[RayNode, ...] = ()
-    error: str = ""
-    # Ray runs and answers, but not to us: it wants a token we lack or have another of.
-    refused: bool = False
-
-    def alive(self, ip: str) -> bool:
-        return any(n.ip == ip and n.alive and n.gpus >= 1 for n in self.nodes)
-
-    def healthy(self, inventory: Inventory) -> bool:
-        return self.reachable and all(self.alive(str(s.link_address)) for s in inventory.nodes)
-
-    def as_dict(self) -> dict[str, object]:
-        return {"reachable": self.reachable, "version": self.version, "error": self.error,
-                "refused": self.refused, "nodes": [n.__dict__ for n in self.nodes]}
-
-
 def _dir(inventory: Inventory) -> str:
     return remote_path(state_dir(inventory.cluster.name))
 
 
-def query_state(inventory: Inventory, head: Node) -> RayState:
-    """Ray's own view, from the head's dashboard, with the cluster's token when it has one."""
-    url = f"http://{inventory.head.link_address}:{DASHBOARD_PORT}"
-    token = f" {remote_path(token_path(inventory))}" if ray_auth(inventory) else ""
-    result = head.run(f"python3 -I -c {shlex.quote(_STATE_QUERY)} {shlex.quote(url)}{token}", timeout=20)
-    try:
-        raw = json.loads(result.stdout)
-    except ValueError:
-        return RayState(False, error=result.tail("stderr", 2) or f"exit {result.exit_code}")
-    if "refused" in raw:
-        return RayState(False, error=refused_message(inventory, raw["error"], raw.get("unread")), refused=True)
-    if "error" in raw:
-        return RayState(False, error=raw["error"])
-    names = {str(s.link_address): s.name for s in inventory.nodes}
-    nodes = tuple(
-        RayNode(names.get(n["ip"]), n["ip"], n["state"] == "ALIVE", float(n["gpus"] or 0), n["head"],
-                n["message"])
-        for n in raw["nodes"]
-    )
-    return RayState(True, raw.get("version"), nodes)
-
-
-def refused_message(inventory: Inventory, said: str, unread: str | None) -> str:
-    """Ray runs on the head but will not talk to us: what that means, and what to do."""
-    if unread:  # the token file is gone (or unreadable) on the head, Ray still wants the token
-        return (f"Ray refuses our token ({said}): the head has no token to send, {unread}\n"
-                "  hint: run `up --restart` to restart Ray with a new token")
-    if not ray_auth(inventory):
-        return (f"Ray refuses requests without a token ({said}): it was started with token authentication, "
-                "the inventory says cluster.ray_auth: none\n  hint: run `up --restart` to restart Ray "
-                "as the inventory says, or set cluster.ray_auth: token")
-    return (f"Ray refuses our token ({said}): the running Ray was started with another token than the "
-            f"one in {token_path(inventory)} on {inventory.head.name}\n  hint: run `up --restart` to restart "
-            "Ray with the cluster's token")
-
-
-_QUOTED_RAY_PID = '"$d/ray.pid"'
-_EACH_FILE = '"$f"'
+_QUOTED_RAY_PID = Raw('"$d/ray.pid"')
+_EACH_FILE = Raw('"$f"')
 
 
 def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
@@ -159,7 +55,7 @@ def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
     and no command line holds their values."""
     d = _dir(inventory)
     env = " ".join(env_word(k, v) for k, v in node_plan.env.items())
-    carry = shlex.quote(non_carry_over_file(sorted(node_plan.secrets)))
+    carry = join(non_carry_over_file(sorted(node_plan.secrets)))
     return (
         f"{exports(list(node_plan.secrets))}"
         f"set -e; d={d}; mkdir -p \"$d\" \"$HOME/.config/vllm\"; "
@@ -174,11 +70,16 @@ def _stop_host(inventory: Inventory) -> str:
     return stop_session_command(_dir(inventory), "ray.pid", STOP_DEADLINE_S, also_remove=("ray.json",))
 
 
+def _ours(inventory: Inventory, *flags: str) -> str:
+    """`docker ps` of the cluster's container (and only it: the name is anchored)."""
+    return join("docker", "ps", *flags, "--filter", f"name=^{container_name(inventory)}$")
+
+
 def _stop_container(inventory: Inventory) -> str:
-    name = shlex.quote(container_name(inventory))
-    return (f"if [ -n \"$(docker ps -aq --filter name=^{container_name(inventory)}$)\" ]; then "
+    name = join(container_name(inventory))
+    return (f"if [ -n \"$({_ours(inventory, '-aq')})\" ]; then "
             f"docker stop -t 10 {name} >/dev/null; docker rm -f {name} >/dev/null; fi; "
-            f"[ -z \"$(docker ps -aq --filter name=^{container_name(inventory)}$)\" ] && rm -f {_dir(inventory)}/ray.json")
+            f"[ -z \"$({_ours(inventory, '-aq')})\" ] && rm -f {_dir(inventory)}/ray.json")
 
 
 def stop_node(inventory: Inventory, node: Node) -> str:
@@ -202,7 +103,7 @@ def foreign_ray(node: Node, inventory: Inventory) -> list[int]:
 def _log_tail(inventory: Inventory, node: Node) -> str:
     d = _dir(inventory)
     if inventory.cluster.runtime == "container":
-        cmd = f"docker logs --tail 15 {shlex.quote(container_name(inventory))} 2>&1"
+        cmd = f"{join('docker', 'logs', '--tail', 15, container_name(inventory))} 2>&1"
     else:
         cmd = f"tail -n 15 {d}/ray.log"
     return node.run(cmd, timeout=20).stdout
@@ -316,11 +217,10 @@ def check_runtime(inventory: Inventory, fleet: Fleet) -> None:
     if cluster.runtime == "container" and cluster.install_ray:
         return  # installed by the container's own start command
     if cluster.runtime == "container":
-        probe = (f"docker run --rm --entrypoint /bin/sh {shlex.quote(cluster.image or '')} -c "
-                 + shlex.quote("command -v ray >/dev/null && ray --version"))
+        probe = join("docker", "run", "--rm", "--entrypoint", "/bin/sh", cluster.image or "", "-c",
+                     "command -v ray >/dev/null && ray --version")
     else:
-        python = remote_path(cluster.python) if cluster.python else "python3"
-        probe = f"{python} -c 'import ray; print(ray.__version__)'"
+        probe = command("ray_version", python=remote_path(cluster.python) if cluster.python else PYTHON)
     results = fleet.run(probe, timeout=120)
     missing = []
     for name, result in results.items():
@@ -399,7 +299,7 @@ def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
             # The container removes it as it starts; one that never started must not leave it.
             Fleet([fleet.node(p.node) for p in to_start]).run(f"rm -f {_dir(inventory)}/secrets.env", timeout=20)
     # The record a later `up` compares with: the directory is only made by a host start.
-    head.run(f"mkdir -p {_dir(inventory)} && printf '%s\\n' {shlex.quote(json.dumps(wanted))} "
+    head.run(f"mkdir -p {_dir(inventory)} && printf '%s\\n' {join(json.dumps(wanted))} "
              f"> {_dir(inventory)}/ray.json", timeout=20).check()
     return UpResult(state, False, [p.node for p in to_start], time.monotonic() - started_at)
 
@@ -429,10 +329,9 @@ def _wait(inventory: Inventory, head: Node, done: Callable[[RayState], bool], de
 def start_containers(inventory: Inventory, fleet: Fleet) -> list[str]:
     """executor mp on the container runtime: the cluster's container on every node, idle until
     vLLM is `docker exec`ed into it (no Ray). One already running is kept. Returns where it started."""
-    name = container_name(inventory)
 
     def one(node: Node) -> bool:
-        if node.run(f"docker ps -q --filter name=^{name}$ | grep -q .", timeout=30).ok:
+        if node.run(f"{_ours(inventory, '-q')} | grep -q .", timeout=30).ok:
             return False
         spec = inventory.node(node.name)
         idle = RayNodePlan(spec.name, spec.is_head, str(spec.link_address),
@@ -459,15 +358,10 @@ def tear_down(inventory: Inventory, fleet: Fleet) -> dict[str, str | Exception]:
 def leftovers(inventory: Inventory, node: Node) -> list[str]:
     """What of this cluster still runs on a node: our session, our container, Ray's ports."""
     d = _dir(inventory)
-    name = container_name(inventory)
     result = node.run(
         f"for f in {d}/ray.pid {d}/vllm.pid; do {session_of(_EACH_FILE)}; "
         "[ -z \"$sid\" ] || pgrep -s \"$sid\" | sed 's/^/process /'; done; "
-        f"docker ps -aq --filter name=^{name}$ 2>/dev/null | sed 's/^/container /'; "
+        f"{_ours(inventory, '-aq')} 2>/dev/null | sed 's/^/container /'; "
         f"ss -ltnH 2>/dev/null | awk '{{print $4}}' | grep -E ':({inventory.cluster.ray_port}|{DASHBOARD_PORT}|{API_PORT})$'"
         " | sed 's/^/listening /'; true", timeout=20)
     return [line for line in result.stdout.splitlines() if line.strip()]
-
-
-def node_for_ip(inventory: Inventory, ip: str) -> NodeSpec | None:
-    return next((s for s in inventory.nodes if str(s.link_address) == ip), None)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 
 from spark_cluster.core.errors import SparkClusterError
-from spark_cluster.core.shell import remote_path
+from spark_cluster.core.shell import join, remote_path
+from spark_cluster.programs import words
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.secrets import exports, stdin_lines
 from spark_cluster.core.serve_plan import NodeCommand, ServePlan, launch_record
@@ -23,38 +23,6 @@ RECORD = "vllm.json"  # beside the head's log: what the running vLLM was started
 # vLLM's command line in our container: `vllm serve` (the image's script) or `python -m
 # vllm.entrypoints.cli.main serve`.
 IN_CONTAINER = r"vllm(\.entrypoints\.cli\.main)? serve "
-# Stops, inside the container, the processes whose command line matches argv[1]: TERM, up to
-# argv[2] seconds, KILL; exit 1 if any is left. Python because the image has it for vLLM,
-# while procps (pkill) it may lack.
-_STOP_IN_CONTAINER = r"""
-import os, re, signal, sys, time
-pattern, grace = re.compile(sys.argv[1]), float(sys.argv[2])
-def matching():
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            line = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if int(pid) != os.getpid() and pattern.search(line):
-            found.append(int(pid))
-    return found
-def send(sig):
-    for pid in matching():
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-send(signal.SIGTERM)
-end = time.monotonic() + grace
-while matching() and time.monotonic() < end:
-    time.sleep(0.2)
-send(signal.SIGKILL)
-time.sleep(0.2)
-sys.exit(1 if matching() else 0)
-"""
-
-
 class ServeError(SparkClusterError):
     """vLLM failed to start; the message is the diagnosis (cause, node, evidence, next step).
 
@@ -138,9 +106,10 @@ def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
     session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record)
     if command.container is None:
         return session
-    inside = shlex.join(["docker", "exec", command.container, "python3", "-c", _STOP_IN_CONTAINER,
-                         IN_CONTAINER, str(grace_s)])
-    return (f"if docker ps -q --filter name=^{command.container}$ | grep -q .; then {inside} || exit 1; fi; "
+    # Python because the image has it for vLLM, while procps (pkill) it may lack.
+    inside = join("docker", "exec", command.container, *words("stop_matching", IN_CONTAINER, str(grace_s)))
+    running = join("docker", "ps", "-q", "--filter", f"name=^{command.container}$")
+    return (f"if {running} | grep -q .; then {inside} || exit 1; fi; "
             f"{session}")
 
 
@@ -164,7 +133,7 @@ def start(fleet: Fleet, plan: ServePlan) -> None:
         if not result.ok:
             raise ServeError(f"{command.node}: vLLM did not start: "
                              f"{result.tail('stderr', 5) or result.tail('stdout', 5)}")
-    record = shlex.quote(json.dumps(launch_record(plan)))
+    record = join(json.dumps(launch_record(plan)))
     fleet.node(plan.head.node).run(f"printf '%s\\n' {record} > {_dir(plan.head)}/{RECORD}", timeout=20)
 
 

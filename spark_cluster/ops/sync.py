@@ -18,17 +18,16 @@ from __future__ import annotations
 import json
 import random
 import secrets
-import shlex
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spark_cluster.core.errors import SparkClusterError, UsageError
-from spark_cluster.core.shell import model_dir, remote_path
+from spark_cluster.core.shell import join, model_dir, remote_path
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.transport.remote import Fleet, Node
-from spark_cluster.programs import source
+from spark_cluster.programs import command as program
 
 CHUNK = 32 << 20
 MANIFEST_CACHE = "~/.cache/spark-cluster/hf-manifest.json"
@@ -93,8 +92,7 @@ def model_repo(inventory: Inventory) -> str:
 
 def manifest(node: Node, inventory: Inventory, repo: str) -> dict:
     hf_cache = inventory.model.hf_cache if inventory.model else "~/.cache/huggingface"
-    command = (f"python3 -I -c {shlex.quote(source('hfmanifest'))} {model_dir(hf_cache, repo)} "
-               f"{remote_path(MANIFEST_CACHE)} {CHUNK}")
+    command = program("hfmanifest", model_dir(hf_cache, repo), remote_path(MANIFEST_CACHE), CHUNK, isolated=True)
     began = time.monotonic()
     result = node.run(command, timeout=3600)
     if not result.ok:
@@ -193,12 +191,11 @@ def transfer(inventory: Inventory, fleet: Fleet, plan: SyncPlan, target: TargetP
     send_plan = {"secret": secret, "root": plan.source_root, "chunk": CHUNK, "files": files,
                  "targets": [[str(s.address.ip), str(d.address.ip), port] for s, d in rails],
                  "streams": max(streams, len(rails)), "max_mbps": max_mbps}
-    script = shlex.quote(source("hfsync"))
     outcome: dict[str, object] = {}
 
     def run(side: str, node: str, stdin: str) -> None:
         try:
-            outcome[side] = fleet.node(node).run(f"python3 -I -c {script} {side}", stdin=stdin,
+            outcome[side] = fleet.node(node).run(program("hfsync", side, isolated=True), stdin=stdin,
                                                  timeout=24 * 3600)
         except SparkClusterError as exc:
             outcome[side] = exc
@@ -220,7 +217,7 @@ def transfer(inventory: Inventory, fleet: Fleet, plan: SyncPlan, target: TargetP
                 if time.monotonic() - sender_gone > 10:
                     _stop(fleet, plan, target)
                     receiver.join(10)
-            done = watcher.run(f"cat {shlex.quote(progress_file)} 2>/dev/null", timeout=20).stdout
+            done = watcher.run(f"cat {join(progress_file)} 2>/dev/null", timeout=20).stdout
             try:
                 moved = json.loads(done)["bytes"]
             except (ValueError, KeyError, TypeError):
@@ -241,7 +238,7 @@ def transfer(inventory: Inventory, fleet: Fleet, plan: SyncPlan, target: TargetP
         raise SyncError(f"the copy to {target.node} stopped at {result.get('bytes', 0) / 2**20:.0f} of "
                         f"{total / 2**20:.0f} MiB: {'; '.join(map(str, why))[:400]}\n"
                         "  hint: run sync again: it resumes with the chunks that are missing")
-    watcher.run(f"rm -f {shlex.quote(progress_file)}", timeout=20)
+    watcher.run(join("rm", "-f", progress_file), timeout=20)
     moved = int(result["bytes"])
     return {"bytes": moved, "files": len(target.files), "links": len(target.links), "seconds": round(seconds, 2),
             "rate_mbs": round(moved / seconds / 1e6, 1) if seconds > 0 else None}
@@ -250,7 +247,7 @@ def transfer(inventory: Inventory, fleet: Fleet, plan: SyncPlan, target: TargetP
 def _set_modes(node: Node, target: TargetPlan) -> None:
     for mode in sorted(set(target.modes.values())):
         paths = [f"{target.root}/{rel}" for rel, m in target.modes.items() if m == mode]
-        node.run(f"chmod {mode:o} -- {shlex.join(paths)}", timeout=60).check()
+        node.run(join("chmod", f"{mode:o}", "--", *paths), timeout=60).check()
 
 
 def _last_json(result: object) -> dict:
@@ -268,7 +265,7 @@ def _last_json(result: object) -> dict:
 def _stop(fleet: Fleet, plan: SyncPlan, target: TargetPlan) -> None:
     """Ctrl-C: end both ends now; the partial file and its journal stay for the next run."""
     for node, root, side in ((target.node, target.root, "recv"), (plan.source, plan.source_root, "send")):
-        pid = shlex.quote(f"{root}/.spark-sync.{side}.pid")
+        pid = join(f"{root}/.spark-sync.{side}.pid")
         try:
             fleet.node(node).run(f"p=$(cat {pid} 2>/dev/null) && kill \"$p\"; rm -f {pid}", timeout=20)
         except SparkClusterError:
