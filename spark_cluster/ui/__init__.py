@@ -14,8 +14,6 @@ from rich.text import Text
 from spark_cluster.core.errors import SparkClusterError, StoppedFollowing
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
-
     from spark_cluster.core.inventory import Inventory
     from spark_cluster.transport.remote import FleetResult, Result
 
