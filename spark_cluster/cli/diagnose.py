@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import click
 
 from spark_cluster import ui
+from spark_cluster.cli.files import read_text, stream_text
+from spark_cluster.cli.params import seconds
 from spark_cluster.core.diagnose import STALLED_AFTER_S
+from spark_cluster.ui.jsonout import dumps
+
+# A paste of command outputs from one host is kilobytes; a few MiB is already a whole kernel log.
+PASTE_LIMIT = 8 << 20
 
 
 @click.command()
@@ -17,7 +22,7 @@ from spark_cluster.core.diagnose import STALLED_AFTER_S
 @click.option("--host-output", "host_file", metavar="FILE",
               help="Outputs of nvidia-smi, dmesg, dpkg -l, ... pasted from one host (docs/diagnose.md).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable conclusion (docs/diagnose.md).")
-@click.option("--stalled-after", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+@click.option("--stalled-after", type=seconds(), default=None, metavar="SECONDS",
               help="Also call a still-starting log dead when the file has not grown for this long "
                    f"(for a log that is being written now; {STALLED_AFTER_S:.0f} s is what `up` uses). "
                    "Without it the log is judged on its lines alone.")
@@ -39,16 +44,12 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
         return _diagnose_host(Path(host_file), as_json)
     assert log_file is not None
     path = Path(log_file)
-    try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-        idle = time.time() - path.stat().st_mtime if stalled_after is not None else None
-    except OSError as exc:
-        raise UsageError(f"cannot read the log {path}: {exc.strerror or exc}\n"
-                         f"  hint: pass the file vLLM writes to, e.g. `vllm serve ... 2>&1 | tee vllm.log`, "
-                         f"then `spark-cluster diagnose --log vllm.log`") from exc
-    data = diagnose_log(text, idle_seconds=idle, stalled_after=stalled_after or STALLED_AFTER_S)
+    chunks, info = stream_text(path, "the log", "pass the file vLLM writes to, e.g. `vllm serve ... 2>&1 | "
+                                                "tee vllm.log`, then `spark-cluster diagnose --log vllm.log`")
+    idle = time.time() - info.st_mtime if stalled_after is not None else None
+    data = diagnose_log(chunks, idle_seconds=idle, stalled_after=stalled_after or STALLED_AFTER_S)
     if as_json:
-        ui.console.out(json.dumps(data, indent=2))
+        ui.console.out(dumps(data))
     else:
         shards = (f"{data['shards_loaded']}/{data['shards_total']}" if data["shards_total"] else "-")
         load = f"{data['load_seconds']:.1f} s" if data["load_seconds"] is not None else "-"
@@ -57,7 +58,7 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
                              ("shards", shards), ("load time", load), ("weights", gib),
                              ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
             ui.console.print(f"{label:>9}: {value}", markup=False)
-        if idle is not None and data["outcome"] == "failed" and diagnose_log(text)["outcome"] == "loading":
+        if data["inferred"]:
             ui.console.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
                              f"so the server is taken for dead (inferred)", markup=False)
         if data["cause"]:
@@ -69,19 +70,15 @@ def _diagnose_host(path: Path, as_json: bool) -> int:
     from spark_cluster.core.errors import UsageError
     from spark_cluster.core.host_paste import diagnose_host_output
 
-    try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}\n"
-                         "  hint: save what the host printed (nvidia-smi, dmesg | grep NVRM, dpkg -l | grep nvidia, "
-                         "...) into a file and pass it") from exc
+    text = read_text(path, "the paste", "save what the host printed (nvidia-smi, dmesg | grep NVRM, "
+                     "dpkg -l | grep nvidia, ...) into a file and pass it", limit=PASTE_LIMIT)
     data = diagnose_host_output(text)
     if not data["recognised"]:
         raise UsageError(f"{path}: no output of a known command found (nvidia-smi, /proc/driver/nvidia/version, "
                          "uname, lsmod, modinfo, modprobe, dpkg -l, dkms status, dmesg/journalctl -k, apt history, "
                          "ibstat, rdma link, ibdev2netdev)\n  hint: paste the commands' output as the host printed it")
     if as_json:
-        ui.console.out(json.dumps(data, indent=2))
+        ui.console.out(dumps(data))
         return 0 if data["ok"] else 1
     shown = ", ".join(s["command"] or s["tool"] for s in data["recognised"])
     ui.console.print(f"recognised: {shown}", markup=False)

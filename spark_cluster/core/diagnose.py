@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from spark_cluster.core.progress import Tracker
 
 # No output for this long while still starting means the process is gone (the README of the Spark
@@ -10,10 +12,10 @@ from spark_cluster.core.progress import Tracker
 STALLED_AFTER_S = 1800.0
 
 FIELDS = ("outcome", "phase", "shards_loaded", "shards_total", "load_seconds", "weights_gib",
-          "cause", "evidence", "findings")
+          "cause", "evidence", "findings", "inferred")
 
 
-def diagnose_log(text: str, idle_seconds: float | None = None,
+def diagnose_log(text: str | Iterable[str], idle_seconds: float | None = None,
                  stalled_after: float = STALLED_AFTER_S) -> dict:
     """Outcome, phase, shard progress, load time, GiB per rank, cause and evidence of one log.
 
@@ -22,7 +24,18 @@ def diagnose_log(text: str, idle_seconds: float | None = None,
     with cause `oom`: a silent death, most often the host OOM killer on unified memory.
     """
     tracker = Tracker()
-    tracker.feed(text)
+    if isinstance(text, str):
+        tracker.feed(text)
+    else:  # chunks of a stream: a line cut between two chunks is read whole
+        partial = ""
+        for chunk in text:
+            complete, _, partial = (partial + chunk).rpartition("\n")
+            if complete:
+                tracker.feed(complete)
+            # A "line" with no newline in megabytes is no log line: only its start can matter.
+            partial = partial[:65536]
+        if partial:
+            tracker.feed(partial)
     state = tracker.state
     outcome, cause, evidence = state.outcome, state.cause, state.evidence
     if (outcome == "loading" and idle_seconds is not None and idle_seconds >= stalled_after
@@ -38,6 +51,8 @@ def diagnose_log(text: str, idle_seconds: float | None = None,
         "cause": cause,
         "evidence": evidence,
         "findings": list(state.findings),
+        # The conclusion comes from the file's age, not from a line in it.
+        "inferred": outcome != state.outcome,
     }
 
 

@@ -24,25 +24,33 @@ PHASES = ("engine-args", "ray", "workers", "weights", "compile", "kv-cache", "cu
 CAUSES = ("nccl", "placement-group", "oom", "kv-cache-memory", "driver", "engine-died",
           "port-in-use", "model-missing", "other")
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+# Terminal escapes: CSI (colours), OSC ended by BEL or ST, DCS/SOS/PM/APC ended by ST, and the
+# two-byte ones. An unterminated OSC/DCS runs to the next ESC at most, so a line of many opened
+# and never closed sequences is read once, not once per sequence.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]?|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
+# What is left that a terminal would act on (C0 controls but tab and CR, DEL, C1): never shown.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x0c\x0e-\x1f\x7f-\x9f]")
+# No vLLM line is longer than this (the longest, `non-default args: {...}`, is a few KiB); a
+# longer one is cut here, so that no pattern ever reads more than this much of one line.
+MAX_LINE = 8192
 _PREFIX = re.compile(
     r"\s*(?:\((?:[\w.<>]+(?: rank=\d+)? )?pid=\d+(?:, ip=[\w.:\-]+)?\)|\[rank\d+\]:)\s?")
 _HEADER = re.compile(  # vLLM's logger: `INFO 08-02 11:06:17 [file.py:339] ` or `INFO 08-02 11:06:17 file.py:339] `
     r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
     r"(?:\[[^\]]*\]|[\w./]+:\d+\])\s?")
 _QUIET_LEVEL = re.compile(r"^(?:DEBUG|INFO|WARNING)(?::\s|\s\d\d-\d\d )")
-_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\].*$")
+_REPEATED = re.compile(r"\[repeated \d{1,9}x across cluster\]")
 
 _BAR = re.compile(
     r"(?P<desc>Loading (?:safetensors|pt|np_cache) checkpoint shards(?: \(eager\))?|Multi-thread loading shards"
-    r"|Loading safetensors using [\w ]+?)\s*:\s+(?P<pct>\d+)% Completed \| (?P<n>\d+)/(?P<total>\d+)")
+    r"|Loading safetensors using [\w ]{1,40}?) {0,8}: {1,8}(?P<pct>\d{1,3})% Completed \| (?P<n>\d{1,9})/(?P<total>\d{1,9})")
 _MODEL_LOADED = re.compile(
-    r"Model loading took ([\d.]+) Gi?B(?: memory)?(?: and ([\d.]+) seconds)?")
-_OLD_WEIGHTS = re.compile(r"Loading model weights took ([\d.]+) Gi?B")
-_WEIGHTS_TOOK = re.compile(r"Loading weights took ([\d.]+) seconds")
+    r"Model loading took (\d{1,9}(?:\.\d{1,9})?) Gi?B(?: memory)?(?: and (\d{1,9}(?:\.\d{1,9})?) seconds)?")
+_OLD_WEIGHTS = re.compile(r"Loading model weights took (\d{1,9}(?:\.\d{1,9})?) Gi?B")
+_WEIGHTS_TOOK = re.compile(r"Loading weights took (\d{1,9}(?:\.\d{1,9})?) seconds")
 # A variable the running vLLM does not read (removed or misspelt): the choice it made is lost.
 _UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (\w+)")
-_PG_WAIT = re.compile(r"Waiting for creating a placement group of specs for (\d+) seconds")
+_PG_WAIT = re.compile(r"Waiting for creating a placement group of specs for (\d{1,9}) seconds")
 
 # Failure patterns: (cause, regex). Searched in order; the specific causes come first.
 _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cause, re.compile(rx)) for cause, rx in (
@@ -74,10 +82,10 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cause, re.compile(rx
                     r"|^Fatal Python error: (?:Segmentation fault|Aborted|Bus error|Floating point exception"
                     r"|Illegal instruction)|\*\*\* SIG[A-Z]+ received at time"
                     r"|Signal \d+ \(SIG[A-Z]+\) received by PID|(?:killed|terminated) by signal SIG[A-Z]+"),
-    ("other", r"^Traceback \(most recent call last\)|^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): \S"),
+    ("other", r"^Traceback \(most recent call last\)|^(?:\w{1,64}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception): \S"),
 ))
 _NEGATIVE_KV = re.compile(r"Available KV cache memory: -\d")
-_RAISED = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): ")
+_RAISED = re.compile(r"^(?:\w{1,64}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception): ")
 _RANK = {"other": 1, "engine-died": 2}  # every other cause: 3 (it names the root)
 
 # Phase markers: (phase, regex), searched in order on the message.
@@ -139,9 +147,19 @@ class State:
     findings: list[str] = field(default_factory=list)
 
 
+def _plain(text: str) -> str:
+    """At most MAX_LINE characters, with no escape sequence or control character left in them."""
+    return _CONTROL.sub("", _ANSI.sub("", text[:MAX_LINE]))
+
+
+def _drop_repeated(text: str) -> str:
+    found = _REPEATED.search(text)
+    return text[:found.start()].rstrip() if found else text
+
+
 def clean(line: str) -> str:
     """ANSI codes gone; of `\\r`-separated updates only the last non-empty one (after the prefixes) kept."""
-    text = _ANSI.sub("", line).rstrip("\n")
+    text = _plain(line).rstrip("\n")
     if "\r" not in text:
         return text.rstrip()
     prefix, body = _split_prefix(text)
@@ -160,9 +178,9 @@ def _split_prefix(text: str) -> tuple[str, str]:
 
 def message_of(line: str) -> str:
     """The text after every process prefix and vLLM's `LEVEL date [file:line]` header."""
-    _, body = _split_prefix(_ANSI.sub("", line))
+    _, body = _split_prefix(_plain(line))
     body = body.replace("\r", "").strip()
-    return _REPEATED.sub("", _HEADER.sub("", body))
+    return _drop_repeated(_HEADER.sub("", body))
 
 
 def parse_line(line: str) -> Event | None:
@@ -172,7 +190,7 @@ def parse_line(line: str) -> Event | None:
     body = body.strip()
     if not body:
         return None
-    message = _REPEATED.sub("", _HEADER.sub("", body))
+    message = _drop_repeated(_HEADER.sub("", body))
     quiet = bool(_QUIET_LEVEL.match(body))
 
     unknown = _UNKNOWN_ENV.search(message)
@@ -211,7 +229,6 @@ class Tracker:
 
     def __init__(self) -> None:
         self.state = State()
-        self.events: list[Event] = []
         self._bar_done = False          # the first bar (the main model) reached n == total
         self._model_seconds: list[float] = []
         self._weights_seconds: list[float] = []
@@ -224,7 +241,7 @@ class Tracker:
         """Every line of `text`, each `\\r`-separated update read in turn. Returns the new events."""
         new: list[Event] = []
         for raw in text.split("\n"):
-            stripped = _ANSI.sub("", raw)
+            stripped = _plain(raw)
             if "\r" in stripped:
                 prefix, body = _split_prefix(stripped)
                 pieces = [prefix + part for part in body.split("\r") if part.strip()]
@@ -244,7 +261,6 @@ class Tracker:
         if _NEW_RUN.search(event.message) and state.outcome != "loading":
             self.__init__()  # a restart in the same file: the new run is what counts
             state = self.state
-        self.events.append(event)
         if event.kind == "unknown-env":
             finding = (f"vLLM does not read {event.message}: it ignored it and chose by itself; "
                        "use the spelling of the installed vLLM (recipes name it per version)")
@@ -269,6 +285,14 @@ class Tracker:
                 state.evidence = self._first_raised
             state.outcome = "failed"
             return
+        if state.outcome == "failed" and (event.phase == "ready" or (
+                state.cause == "other" and (event.kind in ("progress", "loaded", "weights-took") or (
+                    event.kind == "phase" and _later(event.phase or "engine-args", state.phase))))):
+            # A failure is what ends the start, not any traceback on the way: a thread's harmless
+            # traceback (usage stats, a library's [ERROR]) is followed by the start going on, and a
+            # server that says it is up is up.
+            state.outcome, state.cause, state.evidence = "loading", None, None
+            self._cause_rank, self._evidence_raised, self._first_raised = 0, False, None
         if event.phase is not None and _later(event.phase, state.phase):
             state.phase = event.phase
         if event.kind == "progress":

@@ -1,0 +1,172 @@
+"""Hostile and odd input to the log reader and `diagnose`: no crash, no traceback, no hang,
+linear time, bounded memory; and a harmless traceback on the way is no failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark_cluster.core.diagnose import diagnose_log
+from spark_cluster.core.progress import parse_line, track
+from spark_cluster.ui.jsonout import dumps
+
+HEADER = "INFO 11-25 06:13:01 [loader.py:42] "
+# Pieces of real vLLM lines and of what an attacker or a broken terminal adds to them.
+FRAGMENTS = [
+    HEADER, "(RayWorkerWrapper pid=3, ip=10.0.0.2) ", "(EngineCore_DP0 pid=2) ", "[rank0]:", "\r", "\n",
+    "Model loading took ", "Loading weights took ", " GiB", " seconds", "1.2.3", ".", "-1", "9" * 5000,
+    "0x" + "f" * 4000, "Loading safetensors checkpoint shards: ", "% Completed | ", "/", "nan", "inf",
+    "Application startup complete.", "Traceback (most recent call last):", "RuntimeError: ", "NCCL error",
+    "\x1b[31m", "\x1b[0m", "\x1b]0;title\x07", "\x1b]", "\x1bP", "\x1b\\", "\x9b", "\x00", " " * 3000,
+    "(a)" * 500, "a." * 2000, "[repeated 3x across cluster]", "Waiting for creating a placement group of specs for ",
+    "Available KV cache memory: -", "non-default args: {", "Loading safetensors using ",
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=50), max_size=60))
+def test_any_mix_of_log_pieces_is_read_quickly_and_never_raises(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    started = time.monotonic()
+    state = track(text)
+    assert time.monotonic() - started < 2.0
+    assert state.outcome in ("loading", "ready", "failed")
+    for field in (state.load_seconds, *state.weights_gib):
+        assert field is None or field == field and field not in (float("inf"), float("-inf"))
+    for line in text.split("\n")[:50]:
+        event = parse_line(line)
+        assert event is None or "\x1b" not in event.line
+
+
+@pytest.mark.parametrize("line", [
+    "Model loading took 1.2.3 GiB", "Loading weights took . seconds", "Model loading took . GiB and . seconds",
+    "Loading safetensors checkpoint shards: 50% Completed | " + "9" * 5000 + "/" + "9" * 5000,
+    "Waiting for creating a placement group of specs for " + "9" * 5000 + " seconds",
+])
+def test_malformed_numbers_are_no_crash(line: str) -> None:
+    parse_line(HEADER + line)
+    track(HEADER + line + "\n")
+
+
+@pytest.mark.parametrize("line", [
+    HEADER + "x" + " " * 200_000 + "y",              # was 32 s
+    "\x1b]" * 100_000,                              # unterminated OSC: was minutes
+    "Loading safetensors using " + " " * 200_000,
+    "a." * 100_000 + "Error: x",
+    " " * 200_000 + "[repeated 2x across cluster]",
+])
+def test_long_hostile_lines_take_linear_time(line: str) -> None:
+    started = time.monotonic()
+    track(line + "\n")
+    assert time.monotonic() - started < 1.0
+
+
+def test_escape_sequences_never_reach_the_evidence() -> None:
+    text = (HEADER + "non-default args: {}\n"
+            "ERROR 11-25 06:13:02 [core.py:1] \x1b]8;;http://evil\x1b\\click\x1b]8;;\x1b\\ \x1bP+q\x1b\\"
+            "RuntimeError: NCCL error \x1b]0;owned\x07 in rank 1\x9b2J\n")
+    state = track(text)
+    assert state.outcome == "failed" and state.cause == "nccl"
+    assert not any(c in state.evidence for c in "\x1b\x07\x9b"), repr(state.evidence)
+    assert "NCCL error" in state.evidence
+
+
+# The usage-stats thread of vLLM reports to a server on the internet; offline, its thread dies with a
+# traceback while the engine starts on (the shape of vllm-project/vllm#6340).
+USAGE_STATS = """Exception in thread Thread-3 (_report_usage_worker):
+Traceback (most recent call last):
+  File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner
+    self.run()
+  File "/usr/local/lib/python3.12/dist-packages/vllm/usage/usage_lib.py", line 170, in _report_usage_worker
+    self._report_usage_once(model_architecture, usage_context, extra_kvs)
+requests.exceptions.ConnectionError: HTTPSConnectionPool(host='stats.vllm.ai', port=443): Max retries exceeded
+"""
+
+
+def test_a_harmless_traceback_before_ready_is_no_failure() -> None:
+    text = (HEADER + "non-default args: {'model': 'x'}\n" + USAGE_STATS
+            + HEADER + "Starting to load model x...\n"
+            + HEADER + "Model loading took 57.64 GiB and 612.3 seconds\n"
+            + "INFO:     Application startup complete.\n")
+    data = diagnose_log(text)
+    assert (data["outcome"], data["cause"], data["weights_gib"]) == ("ready", None, [57.64])
+
+
+def test_a_harmless_traceback_mid_load_leaves_it_loading() -> None:
+    text = (HEADER + "non-default args: {'model': 'x'}\n" + USAGE_STATS
+            + "[transformers] [ERROR] Could not locate the tokenizer configuration file, will try to use the model config\n"
+            + "Loading safetensors checkpoint shards:  40% Completed | 2/5 [00:10<00:15]\n")
+    data = diagnose_log(text)
+    assert (data["outcome"], data["shards_loaded"], data["shards_total"]) == ("loading", 2, 5)
+
+
+def test_a_failure_that_ends_the_start_stays_a_failure() -> None:
+    text = (HEADER + "non-default args: {'model': 'x'}\n" + USAGE_STATS
+            + HEADER + "Starting to load model x...\n"
+            + "ERROR 11-25 06:14:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
+            + "ERROR 11-25 06:14:00 [core.py:1] EngineCore failed to start.\n")
+    data = diagnose_log(text)
+    assert (data["outcome"], data["cause"]) == ("failed", "oom")
+
+
+def test_json_has_no_infinity() -> None:
+    out = dumps({"a": float("inf"), "b": [float("nan"), 1.5], "c": {"d": float("-inf")}})
+    assert json.loads(out) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
+
+
+def _cli(*args: str, timeout: float = 30) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    rss_mib = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    return done, time.monotonic() - started, rss_mib
+
+
+def test_a_fifo_or_a_device_as_log_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "FIFO"), (Path("/dev/zero"), "device"), (tmp_path, "directory")):
+        for flag in ("--log", "--host-output"):
+            done, _, _ = _cli("diagnose", flag, str(path), timeout=20)
+            assert done.returncode == 2, done.stderr
+            assert kind in done.stderr and str(path) in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_stalled_after_refuses_what_no_one_means(value: str, tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(HEADER + "non-default args: {}\n")
+    done, _, _ = _cli("diagnose", "--log", str(log), "--stalled-after", value)
+    assert done.returncode == 2 and "--stalled-after" in done.stderr
+
+
+def test_a_big_log_is_streamed_in_bounded_memory_and_time(tmp_path: Path) -> None:
+    log = tmp_path / "big.log"
+    line = HEADER + "Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01]" + " " * 200 + "\n"
+    with log.open("w") as out:
+        out.write(HEADER + "non-default args: {}\n")
+        for _ in range(40):
+            out.write(line * 2000)  # 40 x ~0.6 MB
+        out.write("x" * (8 << 20))  # one 8 MiB "line" with no newline
+    done, seconds, rss_mib = _cli("diagnose", "--log", str(log), "--json", timeout=60)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["outcome"], data["shards_loaded"]) == ("loading", 1)
+    assert seconds < 10 and rss_mib < 300, (seconds, rss_mib)
+
+
+def test_a_huge_paste_is_refused_with_its_size(tmp_path: Path) -> None:
+    paste = tmp_path / "paste.txt"
+    paste.write_bytes(b"nvidia-smi\n" + b"x" * (9 << 20))
+    done, _, _ = _cli("diagnose", "--host-output", str(paste))
+    assert done.returncode == 2 and "MiB" in done.stderr and "Traceback" not in done.stderr
