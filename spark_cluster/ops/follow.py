@@ -153,11 +153,17 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
         if state.outcome == "failed":
             on_progress(progress)
             # A failure cascades over many lines and ranks: read to the end of the burst.
-            rest = _settle(head, log, lines_done)
-            tracker.feed(rest)
-            text.append(rest)
-            _raise_worker_failure(fleet, plan)
-            raise failed()
+            rest, _, _ = _settle(head, log, lines_done).rpartition("\n")
+            if rest:
+                tracker.feed(rest)
+                text.append(rest)
+                lines_done += rest.count("\n") + 1
+            # A bare traceback (no known cause) ends the start only when vLLM ends: a thread's
+            # harmless one (usage stats) is followed by the start going on.
+            if tracker.state.outcome == "failed" and (
+                    tracker.state.cause != "other" or not running(head, plan.head)):
+                _raise_worker_failure(fleet, plan)
+                raise failed()
         if state.phase in ("api-server", "ready"):
             problem = readiness(plan)
             if problem is None:
