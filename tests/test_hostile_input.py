@@ -170,3 +170,16 @@ def test_a_huge_paste_is_refused_with_its_size(tmp_path: Path) -> None:
     paste.write_bytes(b"nvidia-smi\n" + b"x" * (9 << 20))
     done, _, _ = _cli("diagnose", "--host-output", str(paste))
     assert done.returncode == 2 and "MiB" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_debug_log_is_readable_by_its_user_only(tmp_path: Path) -> None:
+    code = ("import spark_cluster.cli as c, click\n"
+            "@c.cli.command('boom')\n"
+            "def boom():\n    raise RuntimeError('internal')\n"
+            "c.main(['boom'])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "HOME": str(tmp_path)}, cwd=tmp_path)
+    assert done.returncode == 1 and "internal error" in done.stderr and "Traceback" not in done.stderr
+    log = tmp_path / ".spark-cluster" / "debug.log"
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert log.parent.stat().st_mode & 0o077 == 0

@@ -90,8 +90,11 @@ def _internal_error() -> int:
     exc_type, exc, tb = sys.exc_info()
     where = traceback.extract_tb(tb)[-1] if tb else None
     try:
-        DEBUG_LOG.parent.mkdir(parents=True, exist_ok=True)
-        with DEBUG_LOG.open("a") as log:
+        DEBUG_LOG.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A traceback shows local values and paths: readable by this user only, whatever the umask.
+        fd = os.open(DEBUG_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "a") as log:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} spark-cluster {__version__}\n")
             log.write(traceback.format_exc())
         logged = f"full traceback in {DEBUG_LOG}"
