@@ -183,3 +183,27 @@ def test_the_debug_log_is_readable_by_its_user_only(tmp_path: Path) -> None:
     log = tmp_path / ".spark-cluster" / "debug.log"
     assert log.stat().st_mode & 0o777 == 0o600
     assert log.parent.stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["exec", "inventories/sim.yaml", "--timeout", "nan", "--", "true"], "--timeout"),
+    (["exec", "inventories/sim.yaml", "--timeout", "-1", "--", "true"], "--timeout"),
+    (["watch", "inventories/sim.yaml", "--interval", "-1"], "--interval"),
+    (["watch", "inventories/sim.yaml", "--count", "0"], "--count"),
+    (["watch", "inventories/sim.yaml", "--max-restarts", "-2"], "--max-restarts"),
+    (["up", "inventories/sim.yaml", "--timeout", "inf"], "--timeout"),
+    (["up", "inventories/sim.yaml", "--stalled-after", "nan"], "--stalled-after"),
+    (["logs", "inventories/sim.yaml", "-n", "-3"], "--lines"),
+    (["sync", "inventories/sim.yaml", "--max-mbps", "nan"], "--max-mbps"),
+    (["fix", "inventories/sim.yaml", "--reboot-wait", "-1"], "--reboot-wait"),
+])
+def test_numbers_no_one_means_are_refused_before_any_connection(args: list[str], flag: str) -> None:
+    done, seconds, _ = _cli(*args, timeout=20)
+    assert done.returncode == 2 and flag in done.stderr and "Traceback" not in done.stderr
+    assert seconds < 10
+
+
+def test_sync_from_a_misspelt_node_is_refused_before_hashing() -> None:
+    done, seconds, _ = _cli("sync", "inventories/sim.yaml", "--from", "spark-c", timeout=20)
+    assert done.returncode == 2 and "spark-c" in done.stderr and "spark-a, spark-b" in done.stderr
+    assert seconds < 10

@@ -7,6 +7,8 @@ import json
 import click
 
 from spark_cluster import ui
+from spark_cluster.cli.params import Finite
+from spark_cluster.core.errors import UsageError
 
 
 @click.command()
@@ -40,7 +42,7 @@ def linktest(inventory: str, as_json: bool, no_allgather: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: the plan, what was copied, the check after.")
 @click.option("--from", "source_node", metavar="NODE", help="Copy from this node (default: the head if complete).")
 @click.option("--streams", default=4, show_default=True, type=click.IntRange(1, 64), help="TCP streams over the rails.")
-@click.option("--max-mbps", type=click.FloatRange(min=1), default=None, metavar="MBIT",
+@click.option("--max-mbps", type=Finite(1, 10_000_000), default=None, metavar="MBIT",
               help="Cap the copy's rate (Mbit/s), e.g. while a model serves over the same link.")
 def sync(inventory: str, as_json: bool, source_node: str | None, streams: int, max_mbps: float | None) -> int:
     """Make the model's HF-cache entry identical on every node: what a node lacks or holds
@@ -53,6 +55,11 @@ def sync(inventory: str, as_json: bool, source_node: str | None, streams: int, m
     from spark_cluster.ops.sync import sync as run_sync
 
     inv = load_inventory(inventory)
+    # A misspelt --from is refused now, not after every node's cache has been hashed.
+    if source_node is not None and source_node not in [n.name for n in inv.nodes]:
+        known = ", ".join(n.name for n in inv.nodes)
+        raise UsageError(f"--from {source_node[:80]!r}: no such node in {inventory} (nodes: {known})\n"
+                         f"  hint: --from one of {known}, or leave it out to copy from the head")
     with fleet_for(inv) as fleet, ui.SyncView(enabled=not as_json) as view:
         data = run_sync(inv, fleet, view.event, source_node=source_node, streams=streams, max_mbps=max_mbps)
     if as_json:

@@ -8,6 +8,7 @@ import shlex
 import click
 
 from spark_cluster import ui
+from spark_cluster.cli.params import seconds
 
 
 @click.command()
@@ -26,7 +27,7 @@ def validate(inventory: str) -> int:
 @click.option("--node", "node", metavar="NAME", help="Run on this node only.")
 @click.option("--sudo", is_flag=True, help="Run the command with sudo (never prompts).")
 @click.option("--ask-sudo-pass", is_flag=True, help="Ask once for the sudo password; never stored.")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds before the command is abandoned.")
+@click.option("--timeout", type=seconds(), default=60.0, show_default=True, help="Seconds before the command is abandoned.")
 def exec_(inventory: str, command: tuple[str, ...], node: str | None, sudo: bool,
           ask_sudo_pass: bool, timeout: float) -> int:
     """Run COMMAND on every node (or one) at once: `exec INV -- nvidia-smi -L`.

@@ -9,6 +9,7 @@ import time
 import click
 
 from spark_cluster import ui
+from spark_cluster.cli.params import count, seconds
 from spark_cluster.core.errors import SparkClusterError
 
 
@@ -33,10 +34,10 @@ def status(inventory: str, as_json: bool) -> int:
 
 @click.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--interval", type=seconds(0.1, 3600, low_open=False), default=1.0, show_default=True, help="Seconds between refreshes.")
 @click.option("--restart-on-failure", is_flag=True, help="Relaunch vLLM when its engine dies.")
-@click.option("--max-restarts", default=3, show_default=True, help="Give up after this many restarts.")
-@click.option("--count", type=int, default=None, help="Stop after this many refreshes (default: Ctrl-C).")
+@click.option("--max-restarts", type=count(0, 1000), default=3, show_default=True, help="Give up after this many restarts.")
+@click.option("--count", type=count(1), default=None, help="Stop after this many refreshes (default: Ctrl-C).")
 def watch(inventory: str, interval: float, restart_on_failure: bool, max_restarts: int,
           count: int | None) -> int:
     """A live dashboard of every layer, refreshed each second; optionally restarts a dead vLLM."""

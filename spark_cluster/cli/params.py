@@ -31,9 +31,13 @@ class Finite(click.ParamType):
         below = number <= self.low if self.low_open else number < self.low
         if below or number > self.high:
             bracket = "(" if self.low_open else "["
-            high = "" if math.isinf(self.high) else f"{self.high:g}"
-            self.fail(f"{value!r} is not in the range {bracket}{self.low:g}, {high or '...'}]", param, ctx)
+            high = "..." if math.isinf(self.high) else _number(self.high)
+            self.fail(f"{value!r} is not in the range {bracket}{_number(self.low)}, {high}]", param, ctx)
         return int(number) if self.integer else number
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if x == int(x) else f"{x:g}"
 
 
 def seconds(low: float = 0.0, high: float = 10 * 24 * 3600.0, *, low_open: bool = True) -> Finite:

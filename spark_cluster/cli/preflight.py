@@ -10,6 +10,7 @@ import sys
 import click
 
 from spark_cluster import ui
+from spark_cluster.cli.params import seconds
 from spark_cluster.core.errors import SparkClusterError
 
 
@@ -44,7 +45,7 @@ def check(inventory: str, as_json: bool) -> int:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask (also answers the playbooks' questions).")
 @click.option("--only", "only", metavar="ID", help="Fix only the findings with this id (warnings too).")
 @click.option("--reboot", "allow_reboot", is_flag=True, help="Allow playbooks to reboot a node.")
-@click.option("--reboot-wait", "reboot_wait", type=click.FloatRange(1, 3600), default=900.0,
+@click.option("--reboot-wait", "reboot_wait", type=seconds(1, 3600, low_open=False), default=900.0,
               show_default=True, help="Seconds to wait for a rebooted node to come back.")
 @click.option("--ask-sudo-pass", is_flag=True, help="Ask once for the sudo password; never stored.")
 def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot: bool,

@@ -8,6 +8,7 @@ import time
 import click
 
 from spark_cluster import ui
+from spark_cluster.cli.params import count, seconds
 from spark_cluster.core.diagnose import STALLED_AFTER_S
 from spark_cluster.core.errors import SparkClusterError
 
@@ -18,9 +19,9 @@ from spark_cluster.core.errors import SparkClusterError
               help="Stop after this stage.")
 @click.option("--restart", is_flag=True, help="Replace a running Ray cluster of another configuration.")
 @click.option("--dry-run", is_flag=True, help="Print the vLLM launch plan per node; start nothing.")
-@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=seconds(), default=3600.0, show_default=True,
               help="Seconds to wait for vLLM to serve.")
-@click.option("--stalled-after", default=STALLED_AFTER_S, show_default=True, metavar="SECONDS",
+@click.option("--stalled-after", type=seconds(), default=STALLED_AFTER_S, show_default=True, metavar="SECONDS",
               help="Stop following (vLLM keeps running) when its log has not grown for this long.")
 @click.option("--json", "as_json", is_flag=True,
               help="Stream events as JSON lines on stdout (the human view goes to stderr).")
@@ -98,7 +99,7 @@ def down(inventory: str) -> int:
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--node", "node_name", metavar="NAME", help="This node's log (default: the head's vLLM log).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
-@click.option("-n", "--lines", default=50, show_default=True, help="How many last lines first.")
+@click.option("-n", "--lines", type=count(0, 1_000_000), default=50, show_default=True, help="How many last lines first.")
 def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int:
     """The head's vLLM log (a worker's: its Ray log, or its vLLM log with executor mp), as `tail [-f]`."""
     from spark_cluster.core.shell import remote_path
