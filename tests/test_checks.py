@@ -1284,3 +1284,15 @@ def test_memory_against_the_recipe_utilisation_on_unified_memory() -> None:
                                                                              ("spark-b", "model.missing")]
     assert "Qwen/Qwen3-235B-A22B-GPTQ-Int4" in only([f for f in findings if f.node == "spark-a"],
                                                     "model.missing").message
+
+
+def test_a_competing_servers_command_line_is_never_shown() -> None:
+    """Its argv may hold another user's key; the finding names it by pid, name and size only."""
+    raws = healthy_cluster()
+    secret = "sk-live-0123456789abcdef"
+    set_probe(raws["spark-a"], "processes",
+              f" 6001 8388608 vllm            /usr/bin/python3 /usr/local/bin/vllm serve Qwen/Qwen3-8B --api-key {secret}\n" + PS)
+    hit = only(findings_of(raws), "memory.competing-process")
+    shown = " ".join(str(x) for x in (hit.message, hit.evidence, hit.fix))
+    assert secret not in shown and "--api-key" not in shown
+    assert "pid 6001 vllm" in hit.evidence

@@ -76,7 +76,8 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None,
         yield blocker(
             "memory.competing-process", node,
             f"another model server holds unified memory on {node}: {names}; {state}",
-            f"ps: {hogs[0].pid} {hogs[0].name} {hogs[0].args[:80]}",
+            # Another user's command line may carry their key (`--api-key ...`): never shown.
+            f"ps: pid {hogs[0].pid} {hogs[0].name}, {gib(hogs[0].rss)} resident",
             fix("stop-competing-servers", pids=" ".join(str(p.pid) for p in hogs),
                 names=" ".join(p.name for p in hogs)))
         return
@@ -86,7 +87,8 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None,
     if ours:  # the model is loaded already: what it holds is not missing
         yield info("memory.held-by-cluster", node,
                    f"this cluster's vLLM runs on {node} and holds its memory; {state}",
-                   f"ps: {ours[0].pid} {ours[0].args[:80]}", manual("`spark-cluster down` frees it"))
+                   f"ps: pid {ours[0].pid} {ours[0].name}, {gib(ours[0].rss)} resident",
+                   manual("`spark-cluster down` frees it"))
         return
     wanted = (need + HEADROOM) if need else None
     asked = int(util * memory.total) if util else None
