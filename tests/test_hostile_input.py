@@ -207,3 +207,32 @@ def test_sync_from_a_misspelt_node_is_refused_before_hashing() -> None:
     done, seconds, _ = _cli("sync", "inventories/sim.yaml", "--from", "spark-c", timeout=20)
     assert done.returncode == 2 and "spark-c" in done.stderr and "spark-a, spark-b" in done.stderr
     assert seconds < 10
+
+
+def test_a_huge_number_in_an_inventory_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    text = Path("inventories/sim.yaml").read_text()
+    assert "port: 22" in text
+    inventory = tmp_path / "hex.yaml"
+    inventory.write_text(text.replace("port: 22", "port: 0x" + "f" * 5000, 1))
+    done, _, _ = _cli("validate", str(inventory))
+    assert done.returncode == 2 and "port must be between 1 and 65535" in done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("body, words", [
+    ("nodes:\n" + "- a\n" * 1_500_000, "MiB"),            # was 43 s and 1.6 GB at 5 MB
+    ("nodes:\n" + "- a\n" * 200_000, "YAML values"),       # under the size bound, over the node bound
+], ids=["6MB", "800KB"])
+def test_a_huge_inventory_is_refused_fast_and_small(tmp_path: Path, body: str, words: str) -> None:
+    inventory = tmp_path / "big.yaml"
+    inventory.write_text(body)
+    done, seconds, rss_mib = _cli("validate", str(inventory))
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+    assert seconds < 10 and rss_mib < 300, (seconds, rss_mib)
+
+
+def test_an_inventory_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "inv.yaml"
+    os.mkfifo(fifo)
+    done, seconds, _ = _cli("validate", str(fifo), timeout=20)
+    assert done.returncode == 2 and "not a regular file" in done.stderr and seconds < 10

@@ -34,6 +34,8 @@ _CONSTRUCTED = frozenset(
 # A 60-line inventory has ~200 values and nests 6 deep; these bound alias expansion
 # ("billion laughs") and the walk's recursion, which aliases can make deeper than the text.
 MAX_NODES = 20_000
+# An inventory is a few KiB; past this it is not one (and PyYAML would spend minutes and GiBs on it).
+MAX_BYTES = 1 << 20
 MAX_DEPTH = 32
 
 _SYNTAX_HINTS = (
@@ -71,14 +73,32 @@ class _TooLarge(Exception):
     """Raised inside the walk past MAX_NODES or MAX_DEPTH; caught in compose()."""
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that stops composing past MAX_NODES nodes (aliases count each time),
+    so a huge list costs a bounded time instead of building every node first."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._composed = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 - PyYAML's signature
+        self._composed += 1
+        if self._composed > MAX_NODES * 2:
+            raise _TooLarge(f"the file holds more than {MAX_NODES} YAML values", "an inventory holds a few hundred")
+        return super().compose_node(parent, index)
+
+
 def compose(text: str) -> Document:
     """Parse one YAML document into plain data and line marks; never raises.
 
     >>> compose("a: 1\\nb: [x]\\n").lines[("b", 0)]
     2
     """
+    if len(text) > MAX_BYTES:
+        return _unreadable(0, f"the file is {len(text) / 2**20:.1f} MiB; an inventory is at most "
+                              f"{MAX_BYTES // 2**20} MiB", "is this the inventory? start from inventories/lab.yaml")
     try:
-        loader = yaml.SafeLoader(text)  # the reader checks for unprintable characters here
+        loader = _BoundedLoader(text)  # the reader checks for unprintable characters here
     except yaml.reader.ReaderError as exc:
         return _unreadable(*_reader_issue(text, exc))
     try:
@@ -87,6 +107,8 @@ def compose(text: str) -> Document:
         return _unreadable(*_reader_issue(text, exc))
     except yaml.MarkedYAMLError as exc:
         return _unreadable(*_syntax_issue(exc))
+    except _TooLarge as exc:
+        return _unreadable(1, *exc.args)
     except RecursionError:
         # PyYAML's composer recurses once per nesting level; no inventory nests this deep.
         return _unreadable(1, "YAML nesting is too deep", "an inventory nests about 6 levels")
@@ -251,12 +273,21 @@ def describe(value: object) -> str:
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
     if isinstance(value, (int, float)):
-        return f"the number {value!r}"
+        shown = _number(value)
+        return shown if shown.startswith("a number") else f"the number {shown}"
     if isinstance(value, str):
         return f"the string {_short(value)!r}"
     if value is None:
         return "nothing"
     return "a list" if isinstance(value, list) else "a mapping"
+
+
+def _number(value: int | float) -> str:
+    """A number as written, or its size when it is too long to show (Python refuses to turn an
+    int of over 4,300 digits into text)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return repr(value)
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -332,7 +363,7 @@ class Checker:
             self.report(path, f"{where(path)} must be a whole number, got {describe(value)}", hint)
             return None
         if not low <= value <= high:
-            self.report(path, f"{where(path)} must be between {low} and {high}, got {value}")
+            self.report(path, f"{where(path)} must be between {low} and {high}, got {_number(value)}")
             return None
         return value
 

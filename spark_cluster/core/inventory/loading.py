@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -18,7 +19,7 @@ from spark_cluster.core.inventory.rules import (
     CLUSTER_NAME, ENV_KEY, FLAG, HF_NAME, IMAGE, IMAGE_HINT, LISTEN_CHOICES, PYTHON, RAY_AUTH_CHOICES, RAY_AUTH_VARS,
     RECIPE, REMOTE_PATH, WORD,
 )
-from spark_cluster.core.yaml_lines import REQUIRED, Checker, Reader, Rule, YamlPath, compose, describe, where
+from spark_cluster.core.yaml_lines import MAX_BYTES, REQUIRED, Checker, Reader, Rule, YamlPath, compose, describe, where
 
 
 def load_inventory(path: str | Path, resolve: Resolve = NoSSHConfig) -> Inventory:
@@ -29,7 +30,12 @@ def load_inventory(path: str | Path, resolve: Resolve = NoSSHConfig) -> Inventor
     'spark-a'
     """
     try:
-        data = Path(path).read_bytes()
+        # Asked before opening: opening a FIFO waits for a writer that never comes.
+        if not stat.S_ISREG(Path(path).stat().st_mode):
+            raise InventoryError([Problem(str(path), 0, "cannot read the inventory: not a regular file (a FIFO, "
+                                          "device or directory)", "pass the YAML file itself")])
+        with Path(path).open("rb") as handle:
+            data = handle.read(MAX_BYTES + 1)  # compose() refuses what is over the bound, by its size
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise InventoryError([Problem(str(path), 0, f"cannot read the inventory: {reason}")]) from None
