@@ -11,15 +11,42 @@ from pathlib import Path
 from types import MappingProxyType
 
 from spark_cluster.core.inventory.model import (
-    ClusterSettings, Inventory, InventoryError, LinktestSettings, ModelSpec, NoSSHConfig, NodeSpec, Problem, Resolve,
+    ClusterSettings,
+    Inventory,
+    InventoryError,
+    LinktestSettings,
+    ModelSpec,
+    NodeSpec,
+    NoSSHConfig,
+    Problem,
+    Resolve,
     SSHSettings,
 )
 from spark_cluster.core.inventory.nodes import check_nodes, local_path, parse_nodes
 from spark_cluster.core.inventory.rules import (
-    CLUSTER_NAME, ENV_KEY, FLAG, HF_NAME, IMAGE, IMAGE_HINT, LISTEN_CHOICES, PYTHON, RAY_AUTH_CHOICES, RAY_AUTH_VARS,
-    RECIPE, REMOTE_PATH, WORD,
+    CLUSTER_NAME,
+    ENV_KEY,
+    FLAG,
+    HF_NAME,
+    IMAGE,
+    IMAGE_HINT,
+    LISTEN_CHOICES,
+    PYTHON,
+    RAY_AUTH_CHOICES,
+    RAY_AUTH_VARS,
+    RECIPE,
+    REMOTE_PATH,
+    WORD,
 )
-from spark_cluster.core.yaml_lines import MAX_BYTES, REQUIRED, Checker, Reader, Rule, YamlPath, compose, describe, where
+from spark_cluster.core.yaml_checker import (
+    REQUIRED,
+    Checker,
+    Reader,
+    Rule,
+    describe,
+    where,
+)
+from spark_cluster.core.yaml_lines import MAX_BYTES, YamlPath, compose
 
 
 def load_inventory(path: str | Path, resolve: Resolve = NoSSHConfig) -> Inventory:

@@ -12,8 +12,18 @@ from typing import Any
 
 from spark_cluster.core.errors import UsageError
 from spark_cluster.core.inventory.model import Link, Rail, Resolve
-from spark_cluster.core.inventory.rules import HCA, HOST, IFNAME, IP_LITERAL, LOCAL_PATH, NODE_NAME, RAIL_ADDRESS, USER
-from spark_cluster.core.yaml_lines import REQUIRED, Checker, Reader, YamlPath, describe, where
+from spark_cluster.core.inventory.rules import (
+    HCA,
+    HOST,
+    IFNAME,
+    IP_LITERAL,
+    LOCAL_PATH,
+    NODE_NAME,
+    RAIL_ADDRESS,
+    USER,
+)
+from spark_cluster.core.yaml_checker import REQUIRED, Checker, Reader, describe, where
+from spark_cluster.core.yaml_lines import YamlPath
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from spark_cluster.core.yaml_lines import Rule
+from spark_cluster.core.yaml_checker import Rule
 
 
 # Patterns: the second wall behind shlex.quote. Every text that reaches a command matches
