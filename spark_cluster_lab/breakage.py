@@ -18,7 +18,7 @@ from spark_cluster_lab.faults import FAULTS, apply_fault, heal
 from spark_cluster_lab.lab import LOGIN_USER, Lab, LabNode, pid_alive, sudoers_rule
 from spark_cluster_lab.cabling import OTHER_PORT, swap_ports
 from spark_cluster_lab.history import unattended_run, write_history
-from spark_cluster_lab.state import locked_state, userspace_driver
+from spark_cluster_lab.state import GRUB_DEFAULTS, locked_state, userspace_driver
 
 HOME = f"/home/{LOGIN_USER}"
 FILLER = f"{HOME}/.cache/.spark-lab-filler"
@@ -124,6 +124,7 @@ def heal_node(lab: Lab, name: str) -> str:
     in_node(node, ["rm", "-f", FILLER])
     _sudo_rule(node, password=False)
     _docker_member(node, True)
+    _boot_files(node)
     with locked_state(node.paths) as state:
         pids = _hog_pids(state)
     if pids:  # numbered as the node sees them, so killed from inside it
@@ -139,6 +140,21 @@ def _sudo_rule(node: LabNode, password: bool) -> None:
                           "> /etc/sudoers.d/spark-lab && chmod 0440 /etc/sudoers.d/spark-lab"])
     if done.returncode != 0:
         raise LabError(f"{node.name}: could not change the sudo rule: {done.stderr.strip()}")
+
+
+def _boot_files(node: LabNode) -> None:
+    """DGX OS's /etc/default/grub back, and what `guard` put on the node gone: its apt hook and
+    hold, and the GRUB default `guard --upgrade` pins when it rolls a node back (heal's state has
+    GRUB's default and saved entry back as well)."""
+    from spark_cluster.ops.guard import guard_files
+    from spark_cluster.ops.guard_upgrade import GRUB_PIN
+
+    doomed = [f.path for f in guard_files()] + [GRUB_PIN]
+    done = in_node(node, ["sh", "-c", f"printf '%s' {shlex.quote(GRUB_DEFAULTS)} > /etc/default/grub "
+                          f"&& rm -f {shlex.join(doomed)}"])
+    if done.returncode != 0:
+        raise LabError(f"{node.name}: could not restore /etc/default/grub or remove guard's files: "
+                       f"{done.stderr.strip()}")
 
 
 def _docker_member(node: LabNode, member: bool) -> None:

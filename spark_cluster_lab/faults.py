@@ -33,6 +33,11 @@ the real breakage leaves, so the real repair, run through the stand-ins, undoes 
                      -> wait for it, bring Ray and vLLM up again
     memory-leak-after-stop  memory of a vLLM that stops stays in use, with no process
                      -> reboot
+    bad-kernel-pending   the archive offers the next kernel with its NVIDIA module package, but
+                     that nvidia.ko was built against the running kernel (a mis-built module):
+                     guard judges the upgrade safe; after the reboot the kernel refuses the module
+                     (`version magic ... should be ...` in its log), nvidia-smi cannot talk to the
+                     driver -> boot the last good kernel (`guard --upgrade` rolls back to it)
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ FAULTS: tuple[str, ...] = ("kernel-update", "driver-mismatch", "module-unloaded"
                            "auto-upgrade", "nvidia-smi-hung", "cable-other-port",
                            "crossed-rails", "sudo-password", "docker-group",
                            "unsafe-kernel-pending", "driver-upgrade-pending",
-                           "engine-hang", "node-reboot", "memory-leak-after-stop")
+                           "bad-kernel-pending", "engine-hang", "node-reboot", "memory-leak-after-stop")
 ADAPTER_FAILED = "NVRM: GPU 000f:01:00.0: RmInitAdapter failed! (0x62:0x1a:2631)"
 HOG = "ollama"
 HOG_KIB = 104 * GIB_KIB
@@ -184,6 +189,17 @@ def _unsafe_kernel_pending(state: dict[str, Any], to: str | None = None) -> None
         offer_kernel(state, to, with_modules=False)
 
 
+def _bad_kernel_pending(state: dict[str, Any], to: str | None = None) -> None:
+    running = state["kernel"]["running"]
+    if not to and _newest(running, list(KERNELS)):  # on the newest: nothing to offer
+        return
+    if to and to not in KERNELS:
+        raise ValueError(f"unknown kernel {to!r}; known: {', '.join(KERNELS)}")
+    new = offer_kernel(state, to, with_modules=True)
+    driver = module_driver(state, running) or userspace_driver(state) or list(DRIVERS)[0]
+    state["archive"][module_package(new)] = [dict(module_record(new, driver), built_for=running)]
+
+
 def _driver_upgrade_pending(state: dict[str, Any], to: str | None = None) -> None:
     if not to and _newest(userspace_driver(state) or "", list(DRIVERS)):
         return
@@ -210,7 +226,8 @@ _APPLY = {"kernel-update": _kernel_update, "driver-mismatch": _driver_mismatch,
           "proprietary-modules": _proprietary_modules, "run-kernel-update": _run_kernel_update,
           "auto-upgrade": _auto_upgrade, "nvidia-smi-hung": _smi_hung,
           "unsafe-kernel-pending": _unsafe_kernel_pending, "driver-upgrade-pending": _driver_upgrade_pending,
-          "engine-hang": _engine_hang, "memory-leak-after-stop": _memory_leak}
+          "engine-hang": _engine_hang, "memory-leak-after-stop": _memory_leak,
+          "bad-kernel-pending": _bad_kernel_pending}
 
 
 def apply_fault(state: dict[str, Any], fault: str, **details: Any) -> dict[str, Any]:
@@ -275,6 +292,9 @@ def in_force(state: dict[str, Any], fault: str) -> bool:
             c.get("fault") == fault for c in state["memory"]["consumers"].values())
     if fault == "node-reboot":
         return False
+    if fault == "bad-kernel-pending":  # while the mis-built module is offered or installed
+        return any(rec.get("built_for") not in (None, rec.get("kernel"))
+                   for recs in (*state["archive"].values(), list(state["packages"].values())) for rec in recs)
     return True
 
 

@@ -274,6 +274,21 @@ def module_driver(state: dict[str, Any], kver: str) -> str | None:
     return source[0] if source else None
 
 
+def module_load_error(state: dict[str, Any], kver: str) -> str | None:
+    """The kernel's line when the nvidia.ko installed for `kver` refuses to load: a package built
+    against another kernel (its record's `built_for`, see the bad-kernel-pending fault) carries that
+    kernel's version magic, and the kernel turns it away (modprobe: Exec format error)."""
+    for name in (module_package(kver), proprietary_package(kver)):
+        rec = state["packages"].get(name)
+        if rec:
+            built_for = rec.get("built_for", kver)
+            if built_for == kver:
+                return None
+            magic = "SMP preempt mod_unload modversions aarch64"
+            return f"nvidia: version magic '{built_for} {magic}' should be '{kver} {magic}'"
+    return None
+
+
 def userspace_driver(state: dict[str, Any]) -> str | None:
     rec = state["packages"].get("nvidia-utils-580")
     if rec:

@@ -88,3 +88,27 @@ def test_an_unprivileged_user_reads_no_kernel_log_and_holds_nothing(public_node:
     assert public_node.run("dmesg", as_nobody=True).returncode == 1  # restricted, as on Ubuntu
     assert public_node.run("journalctl", "-k", "-q", as_nobody=True).stdout == ""
     assert public_node.run("apt-mark", "hold", "nvidia-utils-580", as_nobody=True).returncode == 100
+
+
+def test_a_mis_built_module_of_the_next_kernel_refuses_to_load_after_the_reboot(node: Node) -> None:
+    node.fault("bad-kernel-pending")
+    with locked_state(node.paths) as state:  # what dist-upgrade installs: the kernel with its module package
+        for name in ("linux-image-6.17.0-1018-nvidia", "linux-modules-6.17.0-1018-nvidia",
+                     "linux-modules-nvidia-580-open-6.17.0-1018-nvidia"):
+            state["packages"][name] = dict(state["archive"][name][-1])
+    assert node.run("nvidia-smi").returncode == 0  # the running kernel keeps its good module
+    assert node.run("reboot").returncode == 0
+    assert node.out("uname", "-r").strip() == "6.17.0-1018-nvidia"
+    smi = node.run("nvidia-smi")
+    assert smi.returncode == 9 and "couldn't communicate with the NVIDIA driver" in smi.stdout
+    magic = "SMP preempt mod_unload modversions aarch64"
+    assert f"nvidia: version magic '6.17.0-1014-nvidia {magic}' should be '6.17.0-1018-nvidia {magic}'" \
+        in node.out("dmesg")
+    load = node.run("modprobe", "nvidia")
+    assert load.returncode == 1 and "could not insert 'nvidia': Exec format error" in load.stderr
+    with locked_state(node.paths) as state:  # GRUB's saved default back on the old kernel
+        state["grub"] = {"default": "saved",
+                         "saved_entry": "Advanced options for Ubuntu>Ubuntu, with Linux 6.17.0-1014-nvidia"}
+    assert node.run("reboot").returncode == 0
+    assert node.out("uname", "-r").strip() == "6.17.0-1014-nvidia" and node.run("nvidia-smi").returncode == 0
+    assert "version magic" not in node.out("dmesg")  # the log is this boot's

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from lab_cli import LAB_MARKS, cli, on_node
 
+from spark_cluster.ops.guard_upgrade import GRUB_PIN
 from spark_cluster_lab import lab as simlab
 from spark_cluster_lab.breakage import break_node, heal_node
 from spark_cluster_lab.faults import offer_kernel
@@ -136,3 +137,32 @@ def test_upgrade_moves_both_nodes_in_step_and_check_passes(lab) -> None:
     assert check.returncode == 0, check.stdout
     rc, data = guard_json(inventory)
     assert rc == 0 and all(n["upgrade"] == [] for n in data["nodes"])
+
+
+def test_a_kernel_whose_modules_do_not_load_is_rolled_back_and_the_second_node_is_not_touched(lab) -> None:
+    lab_, inventory = lab
+    bad, good = "6.17.0-1018-nvidia", "6.17.0-1014-nvidia"
+    for node in lab_.nodes:
+        break_node(lab_, node.name, "bad-kernel-pending")
+    rc, data = guard_json(inventory)
+    assert rc == 0, data  # its module package is there: nothing tells guard it was built wrong
+    done = cli("guard", str(inventory), "--upgrade", "--yes", "--reboot-wait", "120", timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in out, out
+    assert f"spark-a not healthy on kernel {bad}; rolled back to {good}" in done.stderr
+    assert "evidence: nvidia-smi exit 9: NVIDIA-SMI has failed because it couldn't communicate" in out
+    assert f"evidence: kernel log: nvidia: version magic '{good} SMP" in out
+    assert f"sudo rm {GRUB_PIN} && sudo update-grub" in done.stderr and "spark-b not touched" in done.stderr
+    assert out.index(f"spark-a  not healthy on {bad}") < out.index(f"spark-a  back on {good}, nvidia-smi works")
+    assert "spark-b  apt-get" not in out
+    assert on_node(inventory, "spark-a", "uname -r").stdout.strip() == good
+    assert on_node(inventory, "spark-a", "nvidia-smi").returncode == 0
+    assert on_node(inventory, "spark-a", f"dpkg-query -W linux-image-{bad}").returncode == 0  # kept, not booted
+    assert on_node(inventory, "spark-b", f"dpkg-query -W linux-image-{bad}").returncode != 0
+    assert on_node(inventory, "spark-b", "uname -r").stdout.strip() == good
+    _, data = guard_json(inventory)  # guard reads the pin: spark-a's next boot is the good kernel
+    assert [n["next_kernel"] for n in data["nodes"]] == [good, bad]
+    heal_node(lab_, "spark-a")  # heal takes the pin away and gives DGX OS's GRUB default back
+    assert on_node(inventory, "spark-a", f"test -e {GRUB_PIN}").returncode != 0
+    assert re.search(r"^GRUB_DEFAULT=0$", on_node(inventory, "spark-a", "cat /etc/default/grub").stdout, re.M)
+    assert on_node(inventory, "spark-a", "grub-editenv list").stdout.strip() == ""

@@ -105,14 +105,22 @@ def _upgrade(inv, fleet, yes: bool, reboot_wait: float) -> int:  # noqa: ANN001 
         say = lambda node, text: ui.console.print(f"{node}  {text}", markup=False)  # noqa: E731
         for spec in inv.nodes:
             peers = [p for p in inv.nodes if p.name != spec.name]
-            outcome = upgrade_node(fleet.node(spec.name), spec, peers, found[spec.name].next_kernel,
-                                   reboot_wait, say)
+            left = order[order.index(spec.name) + 1:]
+            untouched = f"; {', '.join(left)} not touched" if left else ""
+            try:
+                outcome = upgrade_node(fleet.node(spec.name), spec, peers, found[spec.name].next_kernel,
+                                       reboot_wait, say)
+            except SparkClusterError as exc:  # the node stopped answering, or a command ran past its time
+                raise SparkClusterError(f"{spec.name}: the upgrade stopped: {exc}{untouched}\n  hint: "
+                                        f"`spark-cluster check` shows where {spec.name} is now") from None
             if not outcome.ok:
                 for line in outcome.evidence:
                     ui.console.print(f"{spec.name}  evidence: {line}", markup=False)
-                left = order[order.index(spec.name) + 1:]
-                raise SparkClusterError(f"{spec.name} did not come back healthy; stopped"
-                                        + (f" before {', '.join(left)}" if left else ""))
+                bad = outcome.kernel_after or found[spec.name].next_kernel
+                what = (f"not healthy on kernel {bad}; rolled back to {outcome.kernel_before}"
+                        if outcome.rolled_back else f"not healthy on kernel {bad}")
+                raise SparkClusterError(f"{spec.name} {what} (evidence above); stopped{untouched}"
+                                        f"\n  hint: {outcome.next_step}")
         ui.console.print(f"[green]all nodes upgraded[/] ({', '.join(order)}); "
                          "`spark-cluster check` then `spark-cluster up` to serve again")
     return 0

@@ -14,6 +14,9 @@ from spark_cluster.core.parsers.apt_sim import grub_default, parse_policy, parse
 from spark_cluster.programs import source
 from spark_cluster.transport.remote import Fleet, Node
 
+# What update-grub sources, in its order (the last GRUB_DEFAULT wins). A file that is not there
+# (grub.d without a .cfg) makes cat exit 1 after printing the others: that is no failure.
+GRUB_FILES = "cat /etc/default/grub /etc/default/grub.d/*.cfg 2>/dev/null || true"
 HOOK_PATH = "/usr/local/sbin/spark-cluster-guard-hook"
 HOOK_CONF = "/etc/apt/apt.conf.d/80spark-cluster-guard"
 HOLD_CONF = "/etc/apt/apt.conf.d/51spark-cluster-guard-unattended"
@@ -58,7 +61,7 @@ def _out(node: Node, command: str, sudo: bool = False) -> str:
 def gather(node: Node) -> GuardFacts:
     """One node's kernel, packages, pending upgrade, GRUB default, boot options and CMA."""
     running = node.run("uname -r").check().stdout.strip()
-    listing = node.run("dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'").stdout
+    listing = node.run("dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n'").check().stdout
     packages = {f[1].partition(":")[0]: f[2] for f in (line.split("\t") for line in listing.splitlines())
                 if len(f) == 3 and f[0].strip() == "ii"}
     # -s takes no lock and changes nothing; the locale keeps apt's lines in English.
@@ -74,10 +77,11 @@ def gather(node: Node) -> GuardFacts:
         wanted = [flavour + k for k in kernels if flavour + k not in packages]
         if wanted:
             policies = parse_policy(_out(node, "LC_ALL=C apt-cache policy " + shlex.join(wanted)))
-    present = _out(node, f"ls {HOOK_CONF} {HOLD_CONF} 2>/dev/null")
+    # ls exits 2 when either is missing, after listing the other.
+    present = _out(node, f"ls {shlex.join([HOOK_CONF, HOLD_CONF])} 2>/dev/null || true")
     return GuardFacts(
         node=node.name, running=running, packages=packages, upgrade=upgrade, policies=policies,
-        grub_default=grub_default(_out(node, "cat /etc/default/grub"), _out(node, "grub-editenv list")),
+        grub_default=grub_default(_out(node, GRUB_FILES), _out(node, "grub-editenv list")),
         cmdline=_out(node, "cat /proc/cmdline"), meminfo=_out(node, "cat /proc/meminfo"),
         hook_installed=HOOK_CONF in present, unattended_held=HOLD_CONF in present)
 

@@ -2,11 +2,13 @@
 
 Stop the cluster; then per node: dist-upgrade (the guard hook still judges it), reboot (the
 slow path `fix --reboot` takes), verify nvidia-smi, the kernel and every rail to the peer. A
-node that does not come back healthy gets GRUB's default set back to its last good kernel and
-one more reboot, and the upgrade stops there with the evidence."""
+node that boots a new kernel and does not come back healthy gets GRUB's default pinned to the
+kernel it ran before (a drop-in of ours under /etc/default/grub.d, the user's file untouched),
+one more reboot and the same checks; the upgrade stops there with the evidence."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +20,12 @@ from spark_cluster.transport.remote import Fleet, Node
 
 UPGRADE = ("DEBIAN_FRONTEND=noninteractive LC_ALL=C apt-get -y -o DPkg::Lock::Timeout=300 "
            "-o Dpkg::Options::=--force-confold dist-upgrade")
+# grub-mkconfig sources /etc/default/grub.d/*.cfg after /etc/default/grub: this GRUB_DEFAULT wins.
+GRUB_PIN = "/etc/default/grub.d/99-spark-cluster-guard.cfg"
+GRUB_PIN_TEXT = ("# spark-cluster guard --upgrade: boot the kernel grub-set-default saved (the last good one).\n"
+                 "# Remove this file and run update-grub to boot the newest kernel again.\n"
+                 "GRUB_DEFAULT=saved\n")
+ENTRY = "Advanced options for Ubuntu>Ubuntu, with Linux {kernel}"
 REBOOT = PlannedStep("reboot", "systemctl reboot 2>/dev/null || reboot", True, None, None, True)
 
 Say = Callable[[str, str], None]  # (node, what is happening)
@@ -30,7 +38,8 @@ class NodeUpgrade:
     kernel_before: str = ""
     kernel_after: str = ""
     evidence: list[str] = field(default_factory=list)
-    rolled_back: bool = False
+    rolled_back: bool = False  # back on kernel_before and healthy there
+    next_step: str = ""
 
 
 def stop_cluster(inv: Inventory, fleet: Fleet) -> list[str]:
@@ -64,10 +73,12 @@ def verify(node: Node, spec: NodeSpec, peers: list[NodeSpec], kernel: str | None
     problems = []
     running = node.run("uname -r").stdout.strip()
     if kernel and running != kernel:
-        problems.append(f"booted {running}, not {kernel}")
+        problems.append(f"booted {running or 'an unknown kernel'}, not {kernel}")
     smi = node.run("nvidia-smi", timeout=60)
     if not smi.ok:
-        problems.append(f"nvidia-smi exit {smi.exit_code}: {(smi.stdout + smi.stderr).strip().splitlines()[-1:]}")
+        said = (smi.stdout + smi.stderr).strip().splitlines()
+        problems.append(f"nvidia-smi exit {smi.exit_code}: {said[-1] if said else '(no output)'}")
+        problems += [f"kernel log: {line}" for line in driver_log(node)]
     for peer in peers:
         for command in _peer_pings(spec, peer):
             ping = node.run(command, timeout=15)
@@ -76,33 +87,78 @@ def verify(node: Node, spec: NodeSpec, peers: list[NodeSpec], kernel: str | None
     return problems
 
 
-def _roll_back(node: Node, good: str, outcome: NodeUpgrade, wait_s: float, say: Say) -> None:
-    entry = f"Advanced options for Ubuntu>Ubuntu, with Linux {good}"
-    say(node.name, f"setting GRUB's default back to {good}")
-    done = node.run("sed -i 's/^GRUB_DEFAULT=.*/GRUB_DEFAULT=saved/' /etc/default/grub && update-grub && "
-                    f"grub-set-default {shlex.quote(entry)}", sudo=True, timeout=300)
+_DRIVER_LINE = re.compile(r"\b(nvidia\w*|NVRM)\b", re.IGNORECASE)
+
+
+def driver_log(node: Node, count: int = 3) -> list[str]:
+    """The kernel's last lines about the NVIDIA driver this boot (why a module did not load)."""
+    log = node.run("dmesg", sudo=True, timeout=30)
+    if not log.ok:
+        return [f"(dmesg exit {log.exit_code}: {log.tail('stderr', 1)})"]
+    lines = [re.sub(r"^\[\s*[\d.]+\]\s*", "", line) for line in log.stdout.splitlines()]
+    return [line for line in lines if _DRIVER_LINE.search(line)][-count:]
+
+
+def pin_kernel(node: Node, kernel: str) -> str | None:
+    """Make GRUB boot `kernel` from now on; None, or what went wrong."""
+    entry = ENTRY.format(kernel=kernel)
+    done = node.run(f"mkdir -p /etc/default/grub.d && printf '%s' {shlex.quote(GRUB_PIN_TEXT)} > {shlex.quote(GRUB_PIN)} "
+                    f"&& update-grub && grub-set-default {shlex.quote(entry)} && grub-editenv list",
+                    sudo=True, timeout=300)
     if not done.ok:
-        outcome.evidence.append(f"could not set GRUB's default: {done.tail('stderr', 3)}")
+        return f"exit {done.exit_code}: {done.tail('stderr', 3) or done.tail('stdout', 3)}"
+    if f"saved_entry={entry}" not in done.stdout:
+        return f"grub-editenv list does not show saved_entry={entry}: {done.tail('stdout', 3)}"
+    return None
+
+
+def _roll_back(node: Node, spec: NodeSpec, peers: list[NodeSpec], outcome: NodeUpgrade, wait_s: float,
+               say: Say) -> None:
+    good, bad = outcome.kernel_before, outcome.kernel_after
+    undo = (f"to boot the newest kernel again once its modules are fixed: `sudo rm {GRUB_PIN} && "
+            f"sudo update-grub` on {node.name}")
+    say(node.name, f"not healthy on {bad}; setting GRUB's default back to {good}")
+    problem = pin_kernel(node, good)
+    if problem:
+        outcome.evidence.append(f"could not set GRUB's default to {good}: {problem}")
+        outcome.next_step = (f"at {node.name}'s console, choose `{ENTRY.format(kernel=good)}` in GRUB's menu "
+                             f"(or `sudo grub-reboot` it), then find why {bad} has no working NVIDIA driver")
         return
     back = _reboot(node, REBOOT, wait_s, say)
-    outcome.rolled_back = back.status == "ok"
-    outcome.evidence.append(f"rolled back to {good}: {back.error or back.status}")
+    if back.status != "ok":
+        outcome.evidence.append(f"reboot into {good}: {back.error or 'failed'}")
+        outcome.next_step = f"{node.name} did not come back from the reboot into {good}: look at its console"
+        return
+    after = verify(node, spec, peers, good)
+    if after:
+        outcome.evidence += [f"after the rollback: {line}" for line in after]
+        outcome.next_step = (f"{node.name} is not healthy on {good} either: `spark-cluster check`, then "
+                             f"`spark-cluster fix`; {undo}")
+        return
+    outcome.rolled_back = True
+    say(node.name, f"back on {good}, nvidia-smi works")
+    outcome.next_step = (f"{node.name} boots {good} again (GRUB default pinned); {bad} stays installed and is "
+                         f"not booted. Wait for a fixed {bad} kernel or NVIDIA module package, then {undo} and "
+                         "run `guard --upgrade` again. `spark-cluster up` serves on the old kernel meanwhile")
 
 
 def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_kernel: str | None,
                  wait_s: float = REBOOT_WAIT_S, say: Say | None = None) -> NodeUpgrade:
     """Upgrade, reboot and verify one node; roll its kernel back if it does not come back healthy."""
     say = say or (lambda _node, _text: None)
-    outcome = NodeUpgrade(node.name, kernel_before=node.run("uname -r").stdout.strip())
+    outcome = NodeUpgrade(node.name, kernel_before=node.run("uname -r").check().stdout.strip())
     say(node.name, "apt-get dist-upgrade")
     done = node.run(UPGRADE, sudo=True, timeout=1800)
     if not done.ok:
         outcome.evidence += [f"apt-get exit {done.exit_code}", *done.tail("stderr", 8).splitlines()]
+        outcome.next_step = (f"nothing was rebooted; read apt's lines above, then `sudo apt-get -f install` on "
+                             f"{node.name} or `spark-cluster guard` to see what blocks the upgrade")
         return outcome
     say(node.name, "rebooting")
     booted = _reboot(node, REBOOT, wait_s, say)
     if booted.status != "ok":
-        outcome.evidence.append(f"reboot: {booted.error}")
+        outcome.evidence.append(f"reboot: {booted.error or 'failed'}")
+        outcome.next_step = f"{node.name} did not come back from the reboot: look at its console"
         return outcome
     problems = verify(node, spec, peers, expected_kernel)
     outcome.kernel_after = node.run("uname -r").stdout.strip()
@@ -111,6 +167,9 @@ def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_ker
         say(node.name, f"healthy on {outcome.kernel_after}")
         return outcome
     outcome.evidence += problems
-    if outcome.kernel_after != outcome.kernel_before:
-        _roll_back(node, outcome.kernel_before, outcome, wait_s, say)
+    if outcome.kernel_after and outcome.kernel_after != outcome.kernel_before:
+        _roll_back(node, spec, peers, outcome, wait_s, say)
+    else:
+        outcome.next_step = (f"{node.name} still runs {outcome.kernel_before}, so there is no kernel to go back to: "
+                             "`spark-cluster check`, then `spark-cluster fix`")
     return outcome

@@ -1,8 +1,8 @@
 """GRUB's tools on a Spark (grub2 2.12, Ubuntu 24.04): which kernel the next boot takes.
 
-`update-grub` reads GRUB_DEFAULT from the node's /etc/default/grub into the state (as it writes
-grub.cfg on a real machine); `grub-set-default` writes saved_entry (grubenv); `grub-editenv
-list` prints it. The node's reboot boots what these say (kernel.boot_kernel)."""
+`update-grub` reads GRUB_DEFAULT from the node's /etc/default/grub and grub.d/*.cfg into the
+state (as it writes grub.cfg on a real machine); `grub-set-default` writes saved_entry (grubenv);
+`grub-editenv list` prints it. The node's reboot boots what these say (kernel.boot_kernel)."""
 
 from __future__ import annotations
 
@@ -43,15 +43,21 @@ def update_grub(ctx: Ctx, argv: list[str]) -> int:
     if not is_root():
         err("/usr/sbin/grub-mkconfig: You must run this as root")
         return 1
-    try:
-        text = DEFAULT_FILE.read_text()
-    except OSError:
-        text = ""
+    # grub-mkconfig sources /etc/default/grub, then /etc/default/grub.d/*.cfg in order: the last
+    # GRUB_DEFAULT wins.
+    sourced = [DEFAULT_FILE, *sorted(DEFAULT_FILE.with_name("grub.d").glob("*.cfg"))]
+    text, lines = "", []
+    for path in sourced:
+        try:
+            text += path.read_text() + "\n"
+        except OSError:
+            continue
+        lines.append(f"Sourcing file `{path}'")
     found = re.findall(r'^GRUB_DEFAULT=["\']?([^"\'\n]*)', text, re.MULTILINE)
     with ctx.changing() as state:
         state.setdefault("grub", {})["default"] = found[-1] if found else "0"
         kernels = installed_kernels(state)
-    lines = ["Sourcing file `/etc/default/grub'", "Generating grub configuration file ..."]
+    lines.append("Generating grub configuration file ...")
     for kver in reversed(kernels):
         lines += [f"Found linux image: /boot/vmlinuz-{kver}", f"Found initrd image: /boot/initrd.img-{kver}"]
     err("\n".join(lines + ["Adding boot menu entry for UEFI Firmware Settings ...", "done"]))

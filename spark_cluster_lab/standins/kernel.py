@@ -15,7 +15,8 @@ from pathlib import Path
 
 from spark_cluster_lab.standins.common import Ctx, err, is_root, out
 from spark_cluster_lab.state import (
-    KERNELS, NVIDIA_MODULES, RDMA_MODULES, installed_kernels, module_driver, module_source, process_start,
+    KERNELS, NVIDIA_MODULES, RDMA_MODULES, installed_kernels, module_driver, module_load_error, module_source,
+    process_start,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
@@ -229,6 +230,13 @@ def _load_order(name: str) -> list[str]:
     return order + [name]
 
 
+def _uptime_s() -> float:
+    try:
+        return float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _load(state: dict[str, Any], given: str, kver: str) -> str | None:
     """Load a module and what it needs; the kmod error line, or None on success."""
     name = _norm(given)
@@ -241,6 +249,10 @@ def _load(state: dict[str, Any], given: str, kver: str) -> str | None:
         return f"modprobe: ERROR: could not insert '{name}': Operation not permitted"
     if name == "nvidia_peermem":  # GB10 has no GPUDirect RDMA; the inbox build lacks the peer-mem symbols
         return f"modprobe: ERROR: could not insert '{name}': Invalid argument"
+    refused = module_load_error(state, kver) if "nvidia" in _load_order(name) and "nvidia" not in loaded else None
+    if refused:  # the kernel logs why, modprobe only says the errno
+        state.setdefault("boot_events", []).append([_uptime_s(), refused])
+        return "modprobe: ERROR: could not insert 'nvidia': Exec format error"
     for m in _load_order(name):
         if m not in loaded:
             loaded.append(m)
@@ -357,6 +369,11 @@ def boot(state: dict[str, Any]) -> None:
     state["kernel"]["running"] = kver
     loaded = list(RDMA_MODULES) if f"linux-modules-{kver}" in state["packages"] else []
     drv = module_driver(state, kver)
+    refused = module_load_error(state, kver) if drv else None
+    # The kernel log starts again with each boot; a module the kernel turns away says so there.
+    state["boot_events"] = [[6.252101, refused]] if refused else []
+    if refused:
+        drv = None
     if drv:
         loaded += list(NVIDIA_MODULES)
     state["modules"]["loaded"] = loaded

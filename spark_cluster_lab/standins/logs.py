@@ -2,7 +2,8 @@
 
 The kernel log is what the driver printed since boot: the module load line of the loaded build
 (open or proprietary, as on a real boot) and the ConnectX links, then whatever the faults added
-(state["kernel_events"], e.g. `NVRM: ... RmInitAdapter failed!`). Formats: dmesg's
+(state["kernel_events"], e.g. `NVRM: ... RmInitAdapter failed!`) and what this boot's module
+loads said (state["boot_events"], e.g. a mis-built nvidia.ko's version magic). Formats: dmesg's
 `[ seconds] message`, journalctl's short `Mon DD HH:MM:SS host kernel: message`.
 """
 
@@ -29,7 +30,7 @@ def kernel_messages(state: dict[str, Any]) -> list[tuple[float, str]]:
     if "mlx5_core" in state["modules"]["loaded"]:
         found += [(3.912310, "mlx5_core 0000:01:00.1: firmware version: 28.45.4028"),
                   (7.101220, "mlx5_core 0000:01:00.1 enp1s0f1np1: Link up")]
-    found += [(float(t), m) for t, m in state.get("kernel_events", [])]
+    found += [(float(t), m) for t, m in state.get("kernel_events", []) + state.get("boot_events", [])]
     return sorted(found, key=lambda e: e[0])
 
 
