@@ -150,8 +150,8 @@ def _boot_files(node: LabNode) -> None:
     from spark_cluster.ops.guard_upgrade import GRUB_PIN
 
     doomed = [f.path for f in guard_files()] + [GRUB_PIN]
-    done = in_node(node, ["sh", "-c", f"printf '%s' {shlex.quote(GRUB_DEFAULTS)} > /etc/default/grub "
-                          f"&& rm -f {shlex.join(doomed)}"])
+    script = f"printf '%s' {shlex.quote(GRUB_DEFAULTS)} > /etc/default/grub && rm -f {shlex.join(doomed)}"
+    done = in_node(node, ["sh", "-c", script])
     if done.returncode != 0:
         raise LabError(f"{node.name}: could not restore /etc/default/grub or remove guard's files: "
                        f"{done.stderr.strip()}")

@@ -196,7 +196,7 @@ def _bad_kernel_pending(state: dict[str, Any], to: str | None = None) -> None:
     if to and to not in KERNELS:
         raise ValueError(f"unknown kernel {to!r}; known: {', '.join(KERNELS)}")
     new = offer_kernel(state, to, with_modules=True)
-    driver = module_driver(state, running) or userspace_driver(state) or list(DRIVERS)[0]
+    driver = module_driver(state, running) or userspace_driver(state) or next(iter(DRIVERS))
     state["archive"][module_package(new)] = [dict(module_record(new, driver), built_for=running)]
 
 

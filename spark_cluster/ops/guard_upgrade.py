@@ -87,7 +87,9 @@ def verify(node: Node, spec: NodeSpec, peers: list[NodeSpec], kernel: str | None
     return problems
 
 
-_DRIVER_LINE = re.compile(r"\b(nvidia\w*|NVRM)\b", re.IGNORECASE)
+# What the driver's modules print starts with their name (`nvidia: `, `nvidia-modeset: `, `NVRM: `);
+# "Linux version 6.17.0-1018-nvidia" is not one of them.
+_DRIVER_LINE = re.compile(r"(nvidia[\w-]*|NVRM)\b", re.IGNORECASE)
 
 
 def driver_log(node: Node, count: int = 3) -> list[str]:
@@ -96,7 +98,7 @@ def driver_log(node: Node, count: int = 3) -> list[str]:
     if not log.ok:
         return [f"(dmesg exit {log.exit_code}: {log.tail('stderr', 1)})"]
     lines = [re.sub(r"^\[\s*[\d.]+\]\s*", "", line) for line in log.stdout.splitlines()]
-    return [line for line in lines if _DRIVER_LINE.search(line)][-count:]
+    return [line for line in lines if _DRIVER_LINE.match(line)][-count:]
 
 
 def pin_kernel(node: Node, kernel: str) -> str | None:
@@ -115,8 +117,7 @@ def pin_kernel(node: Node, kernel: str) -> str | None:
 def _roll_back(node: Node, spec: NodeSpec, peers: list[NodeSpec], outcome: NodeUpgrade, wait_s: float,
                say: Say) -> None:
     good, bad = outcome.kernel_before, outcome.kernel_after
-    undo = (f"to boot the newest kernel again once its modules are fixed: `sudo rm {GRUB_PIN} && "
-            f"sudo update-grub` on {node.name}")
+    undo = f"`sudo rm {GRUB_PIN} && sudo update-grub` on {node.name} (GRUB boots the newest kernel again)"
     say(node.name, f"not healthy on {bad}; setting GRUB's default back to {good}")
     problem = pin_kernel(node, good)
     if problem:
@@ -133,13 +134,13 @@ def _roll_back(node: Node, spec: NodeSpec, peers: list[NodeSpec], outcome: NodeU
     if after:
         outcome.evidence += [f"after the rollback: {line}" for line in after]
         outcome.next_step = (f"{node.name} is not healthy on {good} either: `spark-cluster check`, then "
-                             f"`spark-cluster fix`; {undo}")
+                             f"`spark-cluster fix`; to take GRUB's pin away: {undo}")
         return
     outcome.rolled_back = True
     say(node.name, f"back on {good}, nvidia-smi works")
-    outcome.next_step = (f"{node.name} boots {good} again (GRUB default pinned); {bad} stays installed and is "
-                         f"not booted. Wait for a fixed {bad} kernel or NVIDIA module package, then {undo} and "
-                         "run `guard --upgrade` again. `spark-cluster up` serves on the old kernel meanwhile")
+    outcome.next_step = (f"{node.name} boots {good} again (GRUB's default pinned to it); {bad} stays installed, "
+                         f"not booted. `spark-cluster up` serves on {good} meanwhile. Once a fixed NVIDIA module "
+                         f"package for {bad} is out: {undo}, then `spark-cluster guard --upgrade` again")
 
 
 def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_kernel: str | None,
@@ -154,7 +155,6 @@ def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_ker
         outcome.next_step = (f"nothing was rebooted; read apt's lines above, then `sudo apt-get -f install` on "
                              f"{node.name} or `spark-cluster guard` to see what blocks the upgrade")
         return outcome
-    say(node.name, "rebooting")
     booted = _reboot(node, REBOOT, wait_s, say)
     if booted.status != "ok":
         outcome.evidence.append(f"reboot: {booted.error or 'failed'}")
