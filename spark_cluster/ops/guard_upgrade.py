@@ -104,9 +104,9 @@ def driver_log(node: Node, count: int = 3) -> list[str]:
 def pin_kernel(node: Node, kernel: str) -> str | None:
     """Make GRUB boot `kernel` from now on; None, or what went wrong."""
     entry = ENTRY.format(kernel=kernel)
-    done = node.run(f"mkdir -p /etc/default/grub.d && printf '%s' {shlex.quote(GRUB_PIN_TEXT)} > {shlex.quote(GRUB_PIN)} "
-                    f"&& update-grub && grub-set-default {shlex.quote(entry)} && grub-editenv list",
-                    sudo=True, timeout=300)
+    write = f"printf '%s' {shlex.quote(GRUB_PIN_TEXT)} > {shlex.quote(GRUB_PIN)}"
+    done = node.run(f"mkdir -p /etc/default/grub.d && {write} && update-grub && "
+                    f"grub-set-default {shlex.quote(entry)} && grub-editenv list", sudo=True, timeout=300)
     if not done.ok:
         return f"exit {done.exit_code}: {done.tail('stderr', 3) or done.tail('stdout', 3)}"
     if f"saved_entry={entry}" not in done.stdout:
@@ -122,8 +122,9 @@ def _roll_back(node: Node, spec: NodeSpec, peers: list[NodeSpec], outcome: NodeU
     problem = pin_kernel(node, good)
     if problem:
         outcome.evidence.append(f"could not set GRUB's default to {good}: {problem}")
-        outcome.next_step = (f"at {node.name}'s console, choose `{ENTRY.format(kernel=good)}` in GRUB's menu "
-                             f"(or `sudo grub-reboot` it), then find why {bad} has no working NVIDIA driver")
+        outcome.next_step = (f"boot {good} on {node.name}: at its console, `{ENTRY.format(kernel=good)}` in GRUB's "
+                             f"menu (or, while it answers, `sudo grub-reboot` that entry and reboot); {bad} has no "
+                             "working NVIDIA driver")
         return
     back = _reboot(node, REBOOT, wait_s, say)
     if back.status != "ok":
