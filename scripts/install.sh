@@ -30,7 +30,7 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
 # --system-site-packages: reuse a Ray or PyYAML the machine already has instead of
 # downloading them again; pip still installs what is missing or too old.
 [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[lab,test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[lab,plots,test]'
 echo "installed: $(.venv/bin/spark-cluster --version)"
 
 # The lab's real engine: vLLM's CPU build in a venv of the system Python (not pyenv's, under

@@ -15,17 +15,7 @@ from pathlib import Path
 import click
 
 from spark_cluster import __version__, ui
-from spark_cluster.cli import (
-    diagnose,
-    guard,
-    link,
-    nodes,
-    observe,
-    preflight,
-    serve,
-    service,
-    supervise,
-)
+from spark_cluster.cli import diagnose, fit, guard, link, nodes, observe, preflight, serve, service, supervise
 from spark_cluster.core.errors import SparkClusterError
 
 DEBUG_LOG = Path("~/.spark-cluster/debug.log").expanduser()
@@ -40,7 +30,7 @@ def cli(debug: bool) -> None:
 
 for command in (nodes.validate, nodes.exec_, preflight.check, preflight.fix, link.linktest, link.sync,
                 serve.up, serve.down, serve.logs, observe.status, observe.watch, observe.bench,
-                diagnose.diagnose, guard.guard, supervise.supervise, service.service):
+                diagnose.diagnose, guard.guard, supervise.supervise, service.service, fit.fit):
     cli.add_command(command)
 
 # Commands another installed package adds (the simulated lab adds `lab`). Named by entry point so

@@ -2,7 +2,7 @@
 
 At each level, `concurrency` requests start together and each asks for `max_tokens` tokens
 with `ignore_eos` (vLLM's own sampling parameter), so every request decodes the same length
-and the levels compare as seed 003's table does: tok/s per request (its tokens over its
+and the levels compare as the published tables do: tok/s per request (its tokens over its
 time) and aggregate (all tokens of the level over the level's wall time).
 """
 
@@ -30,6 +30,15 @@ class Sample:
     ttft_s: float | None        # sent -> first content token
     seconds: float              # sent -> stream closed
     error: str | None = None
+    prompt_tokens: int | None = None  # the server's usage count
+    gaps: tuple[float, ...] = ()      # inter-token latencies: between content chunks
+    sent_at: float = 0.0              # monotonic time the request went out
+
+    @property
+    def tpot_s(self) -> float | None:
+        from spark_cluster.core.bench_stats import tpot
+
+        return tpot(self.seconds, self.ttft_s, self.tokens) if self.error is None else None
 
     @property
     def tok_s(self) -> float | None:
@@ -72,9 +81,12 @@ class Level:
         def r(x: float | None, digits: int = 2) -> float | None:
             return round(x, digits) if x is not None else None
 
+        from spark_cluster.core.bench_stats import summary
+
         return {"concurrency": self.concurrency, "requests": len(self.samples), "failed": len(self.errors),
                 "avg_completion_tokens": r(self.avg_tokens, 1), "tok_s_per_request": r(self.per_request_tok_s),
                 "aggregate_tok_s": r(self.aggregate_tok_s), "ttft_p50_s": r(self.ttft_p50_s, 3),
+                "tpot_ms": summary([s.tpot_s for s in self.ok if s.tpot_s is not None]),
                 "wall_s": r(self.wall_s, 3), "errors": list(self.errors)}
 
 
@@ -92,7 +104,22 @@ def parse_levels(text: str) -> tuple[int, ...]:
 def parse_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> tuple[int, float | None]:
     """Server-sent events of a streamed chat completion -> (completion tokens, time of the first
     content token). The usage chunk's count wins over counting content chunks."""
-    counted, usage, first = 0, None, None
+    read = read_stream(lines, clock)
+    return read.tokens, (read.times[0] if read.times else None)
+
+
+@dataclass(frozen=True)
+class StreamRead:
+    tokens: int
+    times: tuple[float, ...]     # when each content chunk arrived
+    prompt_tokens: int | None
+
+
+def read_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> StreamRead:
+    """Server-sent events -> completion tokens (usage's count, else chunks), each content chunk's
+    arrival time and the prompt's token count."""
+    counted, usage, prompt = 0, None, None
+    times: list[float] = []
     for line in lines:  # type: ignore[attr-defined]
         if not line.startswith("data: "):
             continue
@@ -104,12 +131,15 @@ def parse_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> t
             continue
         if chunk.get("usage"):
             usage = chunk["usage"].get("completion_tokens")
+            prompt = chunk["usage"].get("prompt_tokens")
         for choice in chunk.get("choices") or ():
-            if (choice.get("delta") or {}).get("content"):
+            delta = choice.get("delta") or {}
+            # reasoning models stream their thinking as reasoning_content: tokens all the same
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
                 counted += 1
-                if first is None:
-                    first = clock()
-    return (usage if isinstance(usage, int) else counted), first
+                times.append(clock())
+    return StreamRead(usage if isinstance(usage, int) else counted, tuple(times),
+                      prompt if isinstance(prompt, int) else None)
 
 
 def one_request(client: httpx.Client, url: str, body: dict, headers: dict[str, str]) -> Sample:
@@ -119,25 +149,39 @@ def one_request(client: httpx.Client, url: str, body: dict, headers: dict[str, s
             if response.status_code != 200:
                 text = response.read().decode(errors="replace")
                 return Sample(0, None, time.monotonic() - sent, f"HTTP {response.status_code}: {text[:200]}")
-            tokens, first = parse_stream(response.iter_lines(), time.monotonic)
+            read = read_stream(response.iter_lines(), time.monotonic)
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        return Sample(0, None, time.monotonic() - sent, f"{type(exc).__name__}: {exc}")
-    return Sample(tokens, None if first is None else first - sent, time.monotonic() - sent)
+        return Sample(0, None, time.monotonic() - sent, f"{type(exc).__name__}: {exc}", sent_at=sent)
+    gaps = tuple(b - a for a, b in zip(read.times, read.times[1:]))
+    return Sample(read.tokens, read.times[0] - sent if read.times else None, time.monotonic() - sent,
+                  prompt_tokens=read.prompt_tokens, gaps=gaps, sent_at=sent)
+
+
+def chat_body(model: str, prompt: str, max_tokens: int) -> dict:
+    """A streamed chat completion decoding exactly max_tokens (ignore_eos), usage included."""
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
+
+
+def auth(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def run_level(endpoint: str, model: str, key: str | None, concurrency: int, max_tokens: int,
-              prompt: str = PROMPT, timeout_s: float = 600.0) -> Level:
+              prompt: str = PROMPT, timeout_s: float = 600.0,
+              on_sample: Callable[[Sample], None] = lambda _: None) -> Level:
     """`concurrency` streamed requests released together; the level's wall time runs from the
     release to the last stream's end."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = chat_body(model, prompt, max_tokens)
+    headers = auth(key)
     gate = threading.Barrier(concurrency + 1)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S), limits=limits) as client:
         def worker(_: int) -> Sample:
             gate.wait()
-            return one_request(client, f"{endpoint}/chat/completions", body, headers)
+            sample = one_request(client, f"{endpoint}/chat/completions", body, headers)
+            on_sample(sample)
+            return sample
 
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             futures = [pool.submit(worker, i) for i in range(concurrency)]
@@ -149,10 +193,11 @@ def run_level(endpoint: str, model: str, key: str | None, concurrency: int, max_
 
 
 def sweep(endpoint: str, model: str, key: str | None, levels: Sequence[int], max_tokens: int,
-          prompt: str = PROMPT, on_level: Callable[[Level], None] = lambda _: None) -> list[Level]:
+          prompt: str = PROMPT, on_level: Callable[[Level], None] = lambda _: None,
+          on_sample: Callable[[Sample], None] = lambda _: None) -> list[Level]:
     done = []
     for concurrency in levels:
-        level = run_level(endpoint, model, key, concurrency, max_tokens, prompt)
+        level = run_level(endpoint, model, key, concurrency, max_tokens, prompt, on_sample=on_sample)
         on_level(level)
         done.append(level)
     return done

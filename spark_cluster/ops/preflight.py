@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from spark_cluster.core.checks import Finding, run_checks
 from spark_cluster.core.checks.base import blocker, manual
+from spark_cluster.core.checks.fit import check_fit
 from spark_cluster.core.errors import CommandTimeout, SparkClusterError
 from spark_cluster.core.facts import NodeFacts, gather_command, parse_facts, probes_for
 from spark_cluster.core.inventory import Inventory
@@ -68,6 +69,22 @@ def unreachable(node: str, error: Exception) -> Finding:
                    manual(hint or "check the address, the key and that sshd runs"))
 
 
+def fit_for_check(inventory: Inventory, fleet: Fleet, facts: Mapping[str, NodeFacts],
+                  plan: ServePlan | None):  # noqa: ANN201 - Fit | None
+    """The plan's fit against the gathered free memory; None when it cannot be computed (no model,
+    no plan, the checkpoint not on the head yet: other findings say so)."""
+    if plan is None or inventory.model is None or len(facts) < len(inventory.nodes) or \
+            any(f.memory is None for f in facts.values()):
+        return None
+    from spark_cluster.core.fit import FitError
+    from spark_cluster.ops.fit import fit_cluster
+
+    try:
+        return fit_cluster(inventory, fleet, plan, free={n: f.memory.available for n, f in facts.items()})
+    except (SparkClusterError, FitError):
+        return None
+
+
 def preflight(inventory: Inventory, fleet: Fleet, plan: ServePlan | None) -> Report:
     """Every node's facts and what the checks find in them; ``plan``: the launch the memory is
     judged for (None without a servable model)."""
@@ -76,4 +93,7 @@ def preflight(inventory: Inventory, fleet: Fleet, plan: ServePlan | None) -> Rep
     facts = {n: f for n, f in gathered.items() if isinstance(f, NodeFacts)}
     findings = [unreachable(n, e) for n, e in gathered.items() if isinstance(e, Exception)]
     findings += run_checks(inventory, facts, plan)
+    # memory.low and competing servers already block those nodes, with their own way out.
+    said = {f.node for f in findings if f.blocking and f.id.startswith("memory.")}
+    findings += check_fit(fit_for_check(inventory, fleet, facts, plan), facts, said)
     return Report(facts, tuple(findings), time.monotonic() - started)

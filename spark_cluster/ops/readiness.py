@@ -11,16 +11,20 @@ from spark_cluster.ops.serve import api_key
 from spark_cluster.core.serve_plan import ServePlan
 
 HTTP_TIMEOUT_S = 10.0
+# A server's first completion pays its warm-up (kernels, allocator, on CPUs the first GEMMs):
+# waited for once, patiently, rather than timed out and asked again from the start.
+FIRST_COMPLETION_TIMEOUT_S = 300.0
 
 
-def http(url: str, body: dict | None = None, key: str | None = None) -> tuple[int, str]:
+def http(url: str, body: dict | None = None, key: str | None = None,
+         timeout: float = HTTP_TIMEOUT_S) -> tuple[int, str]:
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     request = urllib.request.Request(url, data=data, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
@@ -40,9 +44,10 @@ def readiness(plan: ServePlan) -> str | None:
         return f"/v1/models wants the API key: {unauthorized_hint(plan)}"
     if code != 200 or plan.served_model_name not in text:
         return f"/v1/models does not list {plan.served_model_name} ({code})"
+    # One token: the answer proves the engine runs a forward pass; decoding more only delays ready.
     code, text = http(f"{plan.endpoint}/chat/completions", {
-        "model": plan.served_model_name, "max_tokens": 8,
-        "messages": [{"role": "user", "content": "Say hello."}]}, key=key)
+        "model": plan.served_model_name, "max_tokens": 1,
+        "messages": [{"role": "user", "content": "Hi"}]}, key=key, timeout=FIRST_COMPLETION_TIMEOUT_S)
     if code != 200 or '"choices"' not in text:
         return f"a chat completion failed ({code}): {text[:200]}"
     return None

@@ -1,0 +1,53 @@
+"""fit: whether the plan's model fits the cluster's memory, before a long load."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from spark_cluster import ui
+from spark_cluster.core.inventory import load_inventory
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--model", "-m", default=None,
+              help="A repo id in the head's Hugging Face cache, or a local checkpoint directory (default: the plan's).")
+@click.option("--tp", type=click.IntRange(1, 64), default=None, help="Tensor-parallel size (default: the plan's).")
+@click.option("--ep/--no-ep", default=None, help="Expert parallel (default: the plan's).")
+@click.option("--max-model-len", type=click.IntRange(1), default=None,
+              help="Tokens of one request (default: the plan's, else the model's).")
+@click.option("--kv-cache-dtype", default=None, help="auto, fp8, ... (default: the plan's).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+def fit(inventory: str, model: str | None, tp: int | None, ep: bool | None, max_model_len: int | None,
+        kv_cache_dtype: str | None, as_json: bool) -> int:
+    """Weights and KV cache per node from config.json and the safetensors headers (nothing is
+    downloaded): the largest context x concurrency that fits, and the verdict. Exit 1 if it does not fit.
+
+    \b
+    spark-cluster fit inventories/lab.yaml --max-model-len 32768
+    """
+    from spark_cluster.core.errors import UsageError
+    from spark_cluster.core.fit import TORCH_BYTES
+    from spark_cluster.core.serve_plan import serve_plan
+    from spark_cluster.ops.fit import fit_cluster, layout_of, with_overrides
+    from spark_cluster.ops.nodes import fleet_for
+    from spark_cluster.ui.fit_view import fit_report
+
+    if kv_cache_dtype is not None and kv_cache_dtype != "auto" and kv_cache_dtype not in TORCH_BYTES:
+        raise UsageError(f"--kv-cache-dtype {kv_cache_dtype!r}: choose auto or one of "
+                         f"{', '.join(sorted(TORCH_BYTES))}")
+    inv = load_inventory(inventory)
+    plan = serve_plan(inv)
+    layout = with_overrides(layout_of(plan), tp, ep, max_model_len, kv_cache_dtype)
+    if layout.tp * layout.pp > len(inv.nodes):
+        raise UsageError(f"--tp {layout.tp} x pipeline {layout.pp} needs {layout.tp * layout.pp} nodes; "
+                         f"{inventory} lists {len(inv.nodes)}")
+    with fleet_for(inv) as fleet:
+        result = fit_cluster(inv, fleet, plan, model, layout)
+    if as_json:
+        ui.console.out(json.dumps(result.as_dict(), indent=2))
+    else:
+        fit_report(result, inventory)
+    return 0 if result.fits else 1

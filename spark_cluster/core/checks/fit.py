@@ -1,0 +1,54 @@
+"""Whether the plan's model fits each node (weights + overhead + one request's KV cache), so
+`up` stops before a load that would fail at its end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Set
+
+from spark_cluster.core.checks.base import Finding, blocker, manual
+from spark_cluster.core.facts import NodeFacts
+from spark_cluster.core.fit import GIB, Fit, NodeFit
+
+
+def _ours(facts: NodeFacts | None) -> bool:
+    """This cluster's vLLM runs there: what it holds is not missing (memory.held-by-cluster)."""
+    if facts is None:
+        return False
+    return any(p.pid in facts.own_pids and ("vllm" in p.args.lower() or "rayworker" in p.args.lower())
+               for p in facts.processes)
+
+
+def check_fit(fit: Fit | None, facts: Mapping[str, NodeFacts], said: Set[str] = frozenset()) -> Iterator[Finding]:
+    """`fit`: computed from the node's free memory at gathering time; None when the checkpoint
+    could not be read (model.files-missing says why). `said`: nodes another memory finding blocks."""
+    if fit is None:
+        return
+    for n in fit.nodes:
+        if n.fits or n.node in said or _ours(facts.get(n.node)):
+            continue
+        yield blocker("model.does-not-fit", n.node, f"{fit.model} does not fit on {n.node}: {_why(n)}",
+                      _figures(n), manual(_way_out(n)))
+
+
+def _g(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _why(n: NodeFit) -> str:
+    if n.kv_cache <= 0:
+        return (f"{_g(n.weights)} of weights + {_g(n.overhead)} overhead exceed {_g(n.budget)} "
+                "(available memory x --gpu-memory-utilization)")
+    return (f"one request of {n.max_model_len:,} tokens needs {_g(n.max_model_len * n.kv_bytes_per_token)} "
+            f"of KV cache; {_g(n.kv_cache)} is left after {_g(n.weights)} of weights ({n.kv_tokens:,} tokens)")
+
+
+def _figures(n: NodeFit) -> str:
+    return (f"available {_g(n.available)} x util = {_g(n.budget)}; weights {_g(n.weights)}; overhead "
+            f"{_g(n.overhead)}; KV {n.kv_bytes_per_token:,} B/token")
+
+
+def _way_out(n: NodeFit) -> str:
+    if n.kv_cache <= 0:
+        return "free memory on the node, raise --gpu-memory-utilization, or spread the model over more nodes"
+    return (f"set --max-model-len {n.kv_tokens} or lower in model.args, or --kv-cache-dtype fp8; "
+            "`spark-cluster fit` shows the figures")
