@@ -98,7 +98,8 @@ class NodeFit:
             return round(n / GIB, 2)
 
         return {"node": self.node, "rank": self.rank, "available_gib": g(self.available),
-                "budget_gib": g(self.budget), "weights_gib": g(self.weights), "overhead_gib": g(self.overhead),
+                "budget_gib": g(self.budget), "weights_gib": g(self.weights), "weights_bytes": self.weights,
+                "overhead_gib": g(self.overhead),
                 "kv_cache_gib": g(self.kv_cache), "kv_bytes_per_token": self.kv_bytes_per_token,
                 "kv_tokens": self.kv_tokens, "max_context": self.max_context,
                 "max_model_len": self.max_model_len, "concurrency": round(self.concurrency, 2), "fits": self.fits}

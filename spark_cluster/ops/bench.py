@@ -84,7 +84,9 @@ class Level:
         from spark_cluster.core.bench_stats import summary
 
         return {"concurrency": self.concurrency, "requests": len(self.samples), "failed": len(self.errors),
-                "avg_completion_tokens": r(self.avg_tokens, 1), "tok_s_per_request": r(self.per_request_tok_s),
+                "avg_completion_tokens": r(self.avg_tokens, 1),
+                "avg_prompt_tokens": r(statistics.fmean(p), 1) if (p := [s.prompt_tokens for s in self.ok
+                                                                         if s.prompt_tokens]) else None, "tok_s_per_request": r(self.per_request_tok_s),
                 "aggregate_tok_s": r(self.aggregate_tok_s), "ttft_p50_s": r(self.ttft_p50_s, 3),
                 "tpot_ms": summary([s.tpot_s for s in self.ok if s.tpot_s is not None]),
                 "wall_s": r(self.wall_s, 3), "errors": list(self.errors)}

@@ -1,0 +1,114 @@
+"""fit, bench and up's readiness against the real vLLM (its CPU build) on the lab: fit's weights
+per node against what the engine holds, `spark-cluster bench` against vLLM's own `vllm bench
+serve` on the same server and level, and `up` calling ready within 5 s of vLLM's own
+`Application startup complete.` line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from lab_cli import LAB_MARKS, REPO, cli
+from test_real_vllm_e2e import HEAD, MODEL, check_passes, real  # noqa: F401 - the module's lab fixture
+
+from spark_cluster_lab import engine
+from spark_cluster_lab.checkpoint import REPO as LAB_REPO, REVISION
+
+pytestmark = [*LAB_MARKS, pytest.mark.real_vllm,
+              pytest.mark.skipif(engine.real_missing() is not None,
+                                 reason=f"the real vLLM engine cannot run: {engine.real_missing()}")]
+
+SNAPSHOT = f"/home/nvidia/.cache/huggingface/hub/models--{LAB_REPO.replace('/', '--')}/snapshots/{REVISION}"
+# Waits on the head for the next `Application startup complete.` in vLLM's log (a new file when
+# `up` rotates it) and prints when it was written, on the clock this machine shares with the lab.
+WATCH = r"""
+import os, sys, time
+path, deadline = os.path.expanduser(sys.argv[1]), time.time() + float(sys.argv[2])
+def inode():
+    try: return os.stat(path).st_ino
+    except OSError: return None
+first, f, seen = inode(), None, None
+while time.time() < deadline:
+    now = inode()
+    if f is None or now != seen:
+        if now is None: time.sleep(0.02); continue
+        f, seen = open(path), now
+        if now == first: f.seek(0, 2)
+    line = f.readline()
+    if not line: time.sleep(0.02); continue
+    if "Application startup complete." in line:
+        print(repr(time.time())); sys.exit(0)
+sys.exit(1)
+"""
+
+
+def on_head(inventory: Path, command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return cli("exec", str(inventory), "--node", "spark-a", "--", command, timeout=timeout)
+
+
+def test_fit_on_the_real_engine_inventory_matches_what_the_engine_holds(real: Path) -> None:  # noqa: F811
+    shown = cli("fit", str(real), "--json")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    result = json.loads(shown.stdout)
+    assert result["fits"] and result["layout"]["tp"] == 2 and result["layout"]["max_model_len"] == 1024
+    predicted = result["nodes"][0]["weights_bytes"]
+    measured = subprocess.run([sys.executable, "bench/fit_real_engine.py", "--tp", "2", "--json"], cwd=REPO,
+                              capture_output=True, text=True, timeout=480)
+    assert measured.returncode == 0, measured.stdout + measured.stderr[-2000:]
+    held = json.loads(measured.stdout)["vllm_bytes_per_rank"]
+    print(f"fit {predicted} B per node; the real engine holds {held} B per rank")
+    assert all(abs(predicted / h - 1) < 0.05 for h in held), (predicted, held)
+
+
+def test_up_reports_ready_within_5_s_of_vllms_startup_line(real: Path) -> None:  # noqa: F811
+    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.core.serve_plan import serve_plan
+
+    log = serve_plan(load_inventory(real)).head.log_path
+    check_passes(real)
+    cli("down", str(real))
+    watched: dict[str, subprocess.CompletedProcess[str]] = {}
+    watcher = threading.Thread(target=lambda: watched.setdefault("line", on_head(
+        real, f"python3 -c {json.dumps(WATCH)} {log} 400", timeout=420)))
+    watcher.start()
+    time.sleep(1.0)  # the watcher holds the old log open before `up` rotates it
+    up = subprocess.Popen([sys.executable, "-m", "spark_cluster", "up", str(real), "--json"], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    ready_at = None
+    assert up.stdout is not None
+    for line in up.stdout:
+        event = json.loads(line) if line.startswith("{") else {}
+        if event.get("event") == "ready":
+            ready_at = event["time"]  # when `up` said it, not when this pipe let it through
+    assert up.wait(timeout=60) == 0, up.stderr.read() if up.stderr else ""
+    watcher.join(timeout=60)
+    assert ready_at is not None and watched["line"].returncode == 0, watched
+    startup_at = float(watched["line"].stdout.strip().splitlines()[-1])
+    print(f"up reported ready {ready_at - startup_at:.2f} s after vLLM's Application startup complete.")
+    assert 0 <= ready_at - startup_at <= 5.0
+
+
+def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Path) -> None:  # noqa: F811
+    ours = cli("bench", str(real), "-c", "2", "--max-tokens", "128", "--json", timeout=300)
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    level = json.loads(ours.stdout)["levels"][0]
+    prompt_tokens = round(level["avg_prompt_tokens"])
+    theirs = on_head(real, (
+        f"HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu {engine.real_python()} -m vllm.entrypoints.cli.main bench serve "
+        f"--backend openai-chat --base-url {HEAD} --endpoint /v1/chat/completions --model {MODEL} "
+        f"--tokenizer {SNAPSHOT} --dataset-name random --random-input-len {prompt_tokens} "
+        "--random-output-len 128 --random-range-ratio 0 --ignore-eos --num-prompts 2 --max-concurrency 2 "
+        "--request-rate inf --temperature 0"), timeout=400)
+    assert theirs.returncode == 0, theirs.stdout[-3000:] + theirs.stderr[-3000:]
+    match = re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", theirs.stdout)
+    assert match, theirs.stdout[-3000:]
+    vllm_tok_s = float(match.group(1))
+    print(f"output tok/s at concurrency 2: spark-cluster bench {level['aggregate_tok_s']}, "
+          f"vllm bench serve {vllm_tok_s}")
+    assert level["aggregate_tok_s"] == pytest.approx(vllm_tok_s, rel=0.10)
