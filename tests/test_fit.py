@@ -132,3 +132,36 @@ def test_check_blocks_a_node_that_does_not_fit_with_the_figures_and_the_length_t
     fits = fit("m", QWEN3_235B, qwen3_235b_tensors(), Layout(tp=2, ep=True, max_model_len=8192),
                {"spark-a": 119 * GIB, "spark-b": 119 * GIB})
     assert list(check_fit(fits, {})) == [] and list(check_fit(None, {})) == []
+
+
+def test_the_layout_is_read_from_the_plans_launch_line() -> None:
+    from pathlib import Path
+
+    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.core.serve_plan import serve_plan
+    from spark_cluster.ops.fit import layout_of
+
+    plan = serve_plan(load_inventory(Path(__file__).resolve().parents[1] / "inventories" / "lab.yaml"))
+    layout = layout_of(plan)
+    assert (layout.tp, layout.pp, layout.ep, layout.kv_cache_dtype) == (2, 1, True, "fp8")
+    assert layout.gpu_memory_utilization == 0.87
+
+
+def test_the_lab_checkpoint_read_from_disk_gives_what_the_real_engine_held(tmp_path) -> None:  # noqa: ANN001
+    """2,763,808 bytes per rank at TP=2: measured on the real vLLM by bench/fit_real_engine.py."""
+    pytest.importorskip("tokenizers")
+    from spark_cluster.ops.fit import read_local
+    from spark_cluster_lab.checkpoint import REPO, write_checkpoint
+
+    write_checkpoint(tmp_path / "hub")
+    checkpoint = read_local(tmp_path / "hub" / f"models--{REPO.replace('/', '--')}")
+    assert len(checkpoint.tensors) == 69 and checkpoint.config["num_hidden_layers"] == 2
+    (per_rank,) = loaded_per_stage(checkpoint.tensors, checkpoint.config, Layout(tp=2))
+    assert per_rank == pytest.approx(2_763_808, rel=0.05)
+
+
+def test_a_directory_without_a_checkpoint_is_named(tmp_path) -> None:  # noqa: ANN001
+    from spark_cluster.ops.fit import CheckpointUnreadable, read_local
+
+    with pytest.raises(CheckpointUnreadable, match="no config.json"):
+        read_local(tmp_path)
