@@ -44,8 +44,13 @@ def fit(inventory: str, model: str | None, tp: int | None, ep: bool | None, max_
     if layout.tp * layout.pp > len(inv.nodes):
         raise UsageError(f"--tp {layout.tp} x pipeline {layout.pp} needs {layout.tp * layout.pp} nodes; "
                          f"{inventory} lists {len(inv.nodes)}")
+    from spark_cluster.ops.serve import running
+
     with fleet_for(inv) as fleet:
         result = fit_cluster(inv, fleet, plan, model, layout)
+        if running(fleet.node(plan.head.node), plan.head):
+            ui.warn("this cluster's vLLM runs and holds its memory: the figures are against what is free "
+                    f"beside it; `spark-cluster down {inventory}` first for the verdict of a fresh start")
     if as_json:
         ui.console.out(json.dumps(result.as_dict(), indent=2))
     else:
