@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -43,7 +44,7 @@ while time.time() < deadline:
     line = f.readline()
     if not line: time.sleep(0.02); continue
     if "Application startup complete." in line:
-        print(repr(time.time())); sys.exit(0)
+        print("STARTUP %r" % time.time()); sys.exit(0)
 sys.exit(1)
 """
 
@@ -75,7 +76,7 @@ def test_up_reports_ready_within_5_s_of_vllms_startup_line(real: Path) -> None: 
     cli("down", str(real))
     watched: dict[str, subprocess.CompletedProcess[str]] = {}
     watcher = threading.Thread(target=lambda: watched.setdefault("line", on_head(
-        real, f"python3 -c {json.dumps(WATCH)} {log} 400", timeout=420)))
+        real, f"python3 -c {shlex.quote(WATCH)} {log} 400", timeout=420)))
     watcher.start()
     time.sleep(1.0)  # the watcher holds the old log open before `up` rotates it
     up = subprocess.Popen([sys.executable, "-m", "spark_cluster", "up", str(real), "--json"], cwd=REPO,
@@ -89,7 +90,7 @@ def test_up_reports_ready_within_5_s_of_vllms_startup_line(real: Path) -> None: 
     assert up.wait(timeout=60) == 0, up.stderr.read() if up.stderr else ""
     watcher.join(timeout=60)
     assert ready_at is not None and watched["line"].returncode == 0, watched
-    startup_at = float(watched["line"].stdout.strip().splitlines()[-1])
+    startup_at = float(re.search(r"STARTUP ([\d.]+)", watched["line"].stdout).group(1))
     print(f"up reported ready {ready_at - startup_at:.2f} s after vLLM's Application startup complete.")
     assert 0 <= ready_at - startup_at <= 5.0
 
