@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -67,18 +68,41 @@ def test_fit_on_the_real_engine_inventory_matches_what_the_engine_holds(real: Pa
     assert all(abs(predicted / h - 1) < 0.05 for h in held), (predicted, held)
 
 
-def test_up_reports_ready_within_5_s_of_vllms_startup_line(real: Path) -> None:  # noqa: F811
+def first_answer(deadline_s: float = 400.0) -> float | None:
+    """When the server first answers a one-token chat completion, asked from its first moment on
+    (a refused connection is asked again at once; an answer is waited for however long)."""
+    end = time.time() + deadline_s
+    body = json.dumps({"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    while time.time() < end:
+        request = urllib.request.Request(f"{HEAD}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=300) as response:
+                if response.status == 200:
+                    return time.time()
+        except OSError:
+            time.sleep(0.1)
+    return None
+
+
+def test_up_reports_ready_as_soon_as_the_real_engine_answers(real: Path) -> None:  # noqa: F811
+    """vLLM's `Application startup complete.` comes before the engine can answer: on the lab's CPU
+    engine its first forward pass (first collectives between the nodes, --enforce-eager skips
+    vLLM's warm-up) takes about 30 s. `up` is held to the moment a client asking from the
+    startup line on gets its first answer: within 5 s of it."""
     from spark_cluster.core.inventory import load_inventory
     from spark_cluster.core.serve_plan import serve_plan
 
     log = serve_plan(load_inventory(real)).head.log_path
     check_passes(real)
     cli("down", str(real))
-    watched: dict[str, subprocess.CompletedProcess[str]] = {}
-    watcher = threading.Thread(target=lambda: watched.setdefault("line", on_head(
+    seen: dict[str, object] = {}
+    watcher = threading.Thread(target=lambda: seen.setdefault("line", on_head(
         real, f"python3 -c {shlex.quote(WATCH)} {log} 400", timeout=420)))
+    prober = threading.Thread(target=lambda: seen.setdefault("answer", first_answer()))
     watcher.start()
     time.sleep(1.0)  # the watcher holds the old log open before `up` rotates it
+    prober.start()
     up = subprocess.Popen([sys.executable, "-m", "spark_cluster", "up", str(real), "--json"], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     ready_at = None
@@ -89,13 +113,21 @@ def test_up_reports_ready_within_5_s_of_vllms_startup_line(real: Path) -> None: 
             ready_at = event["time"]  # when `up` said it, not when this pipe let it through
     assert up.wait(timeout=60) == 0, up.stderr.read() if up.stderr else ""
     watcher.join(timeout=60)
-    assert ready_at is not None and watched["line"].returncode == 0, watched
-    startup_at = float(re.search(r"STARTUP ([\d.]+)", watched["line"].stdout).group(1))
-    print(f"up reported ready {ready_at - startup_at:.2f} s after vLLM's Application startup complete.")
-    assert 0 <= ready_at - startup_at <= 5.0
+    prober.join(timeout=400)
+    line = seen["line"]
+    assert ready_at is not None and line.returncode == 0 and seen["answer"], seen  # type: ignore[union-attr]
+    startup_at = float(re.search(r"STARTUP ([\d.]+)", line.stdout).group(1))  # type: ignore[union-attr]
+    answer_at = float(seen["answer"])  # type: ignore[arg-type]
+    print(f"after vLLM's Application startup complete.: first answer {answer_at - startup_at:.2f} s, "
+          f"up ready {ready_at - startup_at:.2f} s")
+    assert ready_at - answer_at <= 5.0
 
 
 def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Path) -> None:  # noqa: F811
+    """Both measured warm: the engine's first batch of two pays a one-time cost (85 against 150
+    tok/s measured), which neither client should be charged with."""
+    warm = cli("bench", str(real), "-c", "2", "--max-tokens", "16", "--json", timeout=300)
+    assert warm.returncode == 0, warm.stdout + warm.stderr
     ours = cli("bench", str(real), "-c", "2", "--max-tokens", "128", "--json", timeout=300)
     assert ours.returncode == 0, ours.stdout + ours.stderr
     level = json.loads(ours.stdout)["levels"][0]
