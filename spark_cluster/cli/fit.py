@@ -7,7 +7,6 @@ import json
 import click
 
 from spark_cluster import ui
-from spark_cluster.core.inventory import load_inventory
 
 
 @click.command()
@@ -32,6 +31,7 @@ def fit(inventory: str, model: str | None, tp: int | None, ep: bool | None, max_
     from spark_cluster.core.fit import TORCH_BYTES
     from spark_cluster.core.serve_plan import serve_plan
     from spark_cluster.ops.fit import fit_cluster, layout_of, with_overrides
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ui.fit_view import fit_report
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spark_cluster.core.inventory import Inventory, NodeSpec
-from spark_cluster.ops.playbook import PlannedStep
+from spark_cluster.core.playbook import PlannedStep
 from spark_cluster.ops.repair import REBOOT_WAIT_S, _reboot
 from spark_cluster.transport.remote import Fleet, Node
 
