@@ -546,7 +546,7 @@ def _engine_cluster_lines(lab_root: Path, engine: str) -> list[str]:
         "  ray_port: 6379",
         "  executor: ray",
         # The emulator reads its shards at this pace, so the weight load can be watched, and
-        # each rank holds seed 003's weights in its node's memory (57.64 GiB), not the few MiB it read;
+        # each rank holds the Conselara Labs benchmark's weights in its node's memory (57.64 GiB), not the few MiB it read;
         # the compile takes long enough to be seen as a phase of its own.
         "  env: {SPARK_LAB_LOAD_MBPS: '0.5', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}",
         *LAB_LINKTEST,

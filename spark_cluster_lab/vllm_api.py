@@ -16,7 +16,7 @@ Generation is a model of the engine, not a model: each request is admitted to at
 `max_num_seqs` running slots (the rest wait, as vLLM's scheduler queue), then "prefills" at
 `TokenRate.prefill_tok_s` and decodes one filler word per token at the per-request rate that
 `TokenRate` gives for the number of requests running at that moment. The default rate curve is
-the measured Qwen3-235B-A22B TP=2/EP=2 two-Spark table (seed 003): 17.0 / 12.1 / 9.1 tok/s per
+the measured Qwen3-235B-A22B TP=2/EP=2 two-Spark table (the Conselara Labs benchmark): 17.0 / 12.1 / 9.1 tok/s per
 request at 1 / 2 / 4 in flight. `TokenRate(scale=50)` runs everything 50 times faster.
 
 A "token" is a whitespace-separated word, in prompts and in output alike. Output words come from a
@@ -54,7 +54,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["TokenRate", "VllmApiServer", "serve_api", "filler_words"]
 
-# Seed 003: DGX Spark x2, vLLM 0.19.0 (NGC 26.04), Qwen3-235B-A22B-GPTQ-Int4, TP=2 EP=2, 256 tokens.
+# The Conselara Labs benchmark: DGX Spark x2, vLLM 0.19.0 (NGC 26.04), Qwen3-235B-A22B-GPTQ-Int4, TP=2 EP=2, 256 tokens.
 SEED_003_POINTS: tuple[tuple[int, float], ...] = ((1, 17.0), (2, 12.1), (4, 9.1))
 
 
@@ -66,7 +66,7 @@ class TokenRate:
     rate is interpolated linearly; past the last point the aggregate stays at the last point's
     (the engine is saturated: more requests share the same throughput). `scale` speeds the whole
     clock up (decode and prefill) so tests can run quickly. `prefill_tok_s` is an assumption, not
-    a measurement: the seed gives no prefill figure.
+    a measurement: the benchmark gives no prefill figure.
     """
 
     points: tuple[tuple[int, float], ...] = SEED_003_POINTS
