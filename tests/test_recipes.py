@@ -48,7 +48,7 @@ def test_qwen3_235b_is_seed_003() -> None:
 # weights_gib_per_node of each shipped recipe, and what the comment on that line must name: where the
 # figure comes from (URL or seed), the line or size read there, and the tensor-parallel size it holds at.
 WEIGHTS = {
-    "qwen3-235b-a22b-gptq-int4": (57.64, ("seed 003", "Weight resident per node: 57.64 GiB", "TP=2")),
+    "qwen3-235b-a22b-gptq-int4": (57.64, ("Conselara Labs benchmark", "Weight resident per node: 57.64 GiB", "TP=2")),
     "gpt-oss-120b": (64.38, ("https://github.com/vllm-project/vllm/issues/33155",
                              "Model loading took 64.38 GiB memory", "TP=1")),
     "qwen3-30b-a3b-fp8": (29.1, ("https://github.com/vllm-project/vllm/issues/25928",
