@@ -87,7 +87,7 @@ def test_every_recipe_says_where_its_weights_figure_comes_from(name: str) -> Non
     recipe = load_recipe(name)
     comment = weights_comment(recipe)
     assert re.match(r"(measured|ESTIMATE)\b", comment), f"{name}: say 'measured' or 'ESTIMATE' first: {comment!r}"
-    assert re.search(r"https?://|github\.com/|seed \d{3}", comment), f"{name}: name a source: {comment!r}"
+    assert re.search(r"https?://|github\.com/|Conselara Labs", comment), f"{name}: name a source: {comment!r}"
     tp = re.search(r"\bTP=(\d+)", comment)
     assert tp, f"{name}: say at which tensor-parallel size the figure holds: {comment!r}"
     own = recipe.arg("tensor-parallel-size")
