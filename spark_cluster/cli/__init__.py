@@ -15,7 +15,18 @@ from pathlib import Path
 import click
 
 from spark_cluster import __version__, ui
-from spark_cluster.cli import diagnose, fit, guard, link, nodes, observe, preflight, serve, service, supervise
+from spark_cluster.cli import (
+    diagnose,
+    fit,
+    guard,
+    link,
+    nodes,
+    observe,
+    preflight,
+    serve,
+    service,
+    supervise,
+)
 from spark_cluster.core.errors import SparkClusterError
 
 DEBUG_LOG = Path("~/.spark-cluster/debug.log").expanduser()

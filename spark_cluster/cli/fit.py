@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from spark_cluster import ui
+from spark_cluster.ui.jsonout import dumps
 
 
 @click.command()
@@ -52,7 +51,7 @@ def fit(inventory: str, model: str | None, tp: int | None, ep: bool | None, max_
             ui.warn("this cluster's vLLM runs and holds its memory: the figures are against what is free "
                     f"beside it; `spark-cluster down {inventory}` first for the verdict of a fresh start")
     if as_json:
-        ui.console.out(json.dumps(result.as_dict(), indent=2))
+        ui.console.out(dumps(result.as_dict()))
     else:
         fit_report(result, inventory)
     return 0 if result.fits else 1

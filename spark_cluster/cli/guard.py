@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from spark_cluster import ui
 from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.ui.jsonout import dumps
 
 
 @click.command()
@@ -47,7 +46,7 @@ def guard(inventory: str, as_json: bool, action: str | None, dry_run: bool, yes:
     good = [v for v in found.values() if not isinstance(v, Exception)]
     data = guard_dict(order, found, in_step(good) if len(good) == len(found) else [])
     if as_json:
-        ui.console.out(json.dumps(data, indent=2))
+        ui.console.out(dumps(data))
     else:
         guard_report(data)
     return 0 if data["ok"] else 1

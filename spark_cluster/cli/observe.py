@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 
 import click
@@ -11,6 +10,7 @@ import click
 from spark_cluster import ui
 from spark_cluster.cli.params import count, seconds
 from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.ui.jsonout import dumps
 
 
 @click.command()
@@ -26,7 +26,7 @@ def status(inventory: str, as_json: bool) -> int:
     with fleet_for(inv) as fleet:
         data = collect_status(inv, fleet)
     if as_json:
-        ui.console.out(json.dumps(data, indent=2))
+        ui.console.out(dumps(data))
     else:
         ui.status_view(data, inv)
     return 0 if data["healthy"] else 1
@@ -106,8 +106,8 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     from spark_cluster.core.errors import UsageError
     from spark_cluster.core.serve_plan import serve_plan
     from spark_cluster.ops import bench as sweep_
-    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops import bench_sweeps
+    from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.reach import reach
     from spark_cluster.ops.serve import running
@@ -151,7 +151,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
 
             compare_table(changes, compare_dir)
     if as_json:
-        ui.console.out(json.dumps(data, indent=2))
+        ui.console.out(dumps(data))
     failed = [r for section in ("levels", "prompt_lengths", "rates") for r in data.get(section) or ()
               if r.get("failed") or r.get("error")]
     return 1 if failed else 0
@@ -164,7 +164,11 @@ def _bench(inventory: str, plan, reachable, levels, lengths, rates, duration: fl
     from spark_cluster.ops import bench_sweeps
     from spark_cluster.ops.readiness import readiness
     from spark_cluster.ops.serve import api_key
-    from spark_cluster.ui.bench_sweep_view import BenchProgress, prompt_table, rate_table
+    from spark_cluster.ui.bench_sweep_view import (
+        BenchProgress,
+        prompt_table,
+        rate_table,
+    )
 
     problem = readiness(reachable)  # also the warm-up request
     if problem is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import json
 import sys
 
 import click
@@ -12,6 +11,7 @@ import click
 from spark_cluster import ui
 from spark_cluster.cli.params import seconds
 from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.ui.jsonout import dumps
 
 
 @click.command()
@@ -33,7 +33,7 @@ def check(inventory: str, as_json: bool) -> int:
         report = preflight(inv, fleet, serve_plan_or_none(inv))
     data = report_dict(report, [n.name for n in inv.nodes])
     if as_json:
-        ui.console.out(json.dumps(data, indent=2))
+        ui.console.out(dumps(data))
     else:
         ui.check_report(data)
     return 0 if data["ok"] else 1

@@ -102,8 +102,8 @@ def down(inventory: str) -> int:
 @click.option("-n", "--lines", type=count(0, 1_000_000), default=50, show_default=True, help="How many last lines first.")
 def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int:
     """The head's vLLM log (a worker's: its Ray log, or its vLLM log with executor mp), as `tail [-f]`."""
-    from spark_cluster.core.shell import remote_path
     from spark_cluster.core.ray_plan import state_dir
+    from spark_cluster.core.shell import remote_path
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from spark_cluster import ui
+from spark_cluster.ui.jsonout import dumps
 
 USER = click.option("--user", "user", is_flag=True,
                     help="A unit of your own (~/.config/systemd/user) instead of a system unit.")
@@ -70,7 +69,7 @@ def status(inventory: str, user: bool, as_json: bool) -> int:
 
     data = svc.status(load_inventory(inventory), user)
     if as_json:
-        ui.console.out(json.dumps(data, indent=2))
+        ui.console.out(dumps(data))
     else:
         for key, value in data.items():
             if key != "log":

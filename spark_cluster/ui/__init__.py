@@ -4,7 +4,6 @@ command live in a module of their own and are named here too, so callers write `
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from spark_cluster.core.errors import SparkClusterError, StoppedFollowing
+from spark_cluster.ui.jsonout import dumps
 
 if TYPE_CHECKING:
     from spark_cluster.core.inventory import Inventory
@@ -87,7 +87,7 @@ class JsonLines:
 
     def emit(self, event: str, **data: object) -> None:
         if self.enabled and self._stdout is not None:
-            self._stdout.out(json.dumps({"event": event, "time": round(time.time(), 3), **data}),
+            self._stdout.out(dumps({"event": event, "time": round(time.time(), 3), **data}, indent=None),
                              highlight=False)
 
 
