@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -124,12 +125,24 @@ def test_json_has_no_infinity() -> None:
 
 
 def _cli(*args: str, timeout: float = 30) -> tuple[subprocess.CompletedProcess[str], float, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True, text=True,
-                          timeout=timeout)
-    rss_mib = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
-    return done, time.monotonic() - started, rss_mib
+    """Run the CLI; its exit, the seconds it took and its own peak memory in MiB (wait4's rusage
+    is the child's alone: RUSAGE_CHILDREN would be the largest of every child the suite ran)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", *args], stdout=out, stderr=err, text=True)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        seconds = time.monotonic() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        assert proc.returncode != -9, f"{args} ran past {timeout} s"
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+    return done, seconds, usage.ru_maxrss / 1024
 
 
 def test_a_fifo_or_a_device_as_log_is_refused_at_once(tmp_path: Path) -> None:
