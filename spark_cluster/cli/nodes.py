@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import getpass
-import shlex
 
 import click
 
 from spark_cluster import ui
 from spark_cluster.cli.params import seconds
+from spark_cluster.core import shell
 
 
 @click.command()
@@ -39,7 +39,7 @@ def exec_(inventory: str, command: tuple[str, ...], node: str | None, sudo: bool
     from spark_cluster.ops.nodes import fleet_for
 
     inv = load_inventory(inventory)
-    line = command[0] if len(command) == 1 else shlex.join(command)
+    line = command[0] if len(command) == 1 else shell.join(*command)
     password = getpass.getpass("sudo password for the nodes: ") if ask_sudo_pass else None
     with fleet_for(inv, only=node, sudo_password=password) as fleet:
         results = fleet.run(line, sudo=sudo or ask_sudo_pass, timeout=timeout)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
 import time
 
 import click
 
 from spark_cluster import ui
 from spark_cluster.cli.params import count, seconds
+from spark_cluster.core import shell
 from spark_cluster.core.diagnose import STALLED_AFTER_S
 from spark_cluster.core.errors import SparkClusterError
 
@@ -117,7 +117,7 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
         from spark_cluster.core.ray_plan import container_name
 
         path = f"the log of container {container_name(inv)}"
-        source = f"docker logs {shlex.quote(container_name(inv))} 2>&1"
+        source = f"docker logs {shell.word(container_name(inv))} 2>&1"
     else:
         source = f"cat {path}"
     with fleet_for(inv, only=spec.name) as fleet:

@@ -7,8 +7,8 @@ not answer in time is unhealthy) and each rail's carrier.
 
 from __future__ import annotations
 
-import shlex
 
+from spark_cluster.core import shell
 from spark_cluster.core.supervise_policy import NodeSample
 
 SMI_TIMEOUT_S = 10  # a stuck driver makes nvidia-smi hang for ever
@@ -16,7 +16,7 @@ SMI_TIMEOUT_S = 10  # a stuck driver makes nvidia-smi hang for ever
 
 def probe_command(interfaces: list[str]) -> str:
     carriers = "; ".join(
-        f"echo carrier {shlex.quote(i)} $(cat /sys/class/net/{shlex.quote(i)}/carrier 2>/dev/null || echo 0)"
+        f"echo carrier {shell.word(i)} $(cat /sys/class/net/{shell.word(i)}/carrier 2>/dev/null || echo 0)"
         for i in interfaces)
     return ("echo boot $(cat /proc/sys/kernel/random/boot_id); "
             "echo mem $(awk '/^MemTotal:|^MemAvailable:/ {print $2}' /proc/meminfo); "

@@ -10,7 +10,6 @@ command is replaced by the finding's value, each word validated and shell-quoted
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from spark_cluster.core import shell
 from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.session import sudo_line
 
@@ -125,7 +125,7 @@ def quote_param(name: str, value: str) -> str:
     for word in words:
         if not SAFE_WORD.match(word):
             raise PlaybookError(f"refusing to put {word!r} into a command (parameter {name})")
-    return " ".join(shlex.quote(w) for w in words)
+    return " ".join(shell.word(w) for w in words)
 
 
 def fill(template: str, params: Mapping[str, str], quote: bool = True) -> str:

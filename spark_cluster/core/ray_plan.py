@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from spark_cluster.core import shell
 from spark_cluster.core.shell import remote_path
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.secrets import FILE_VAR, source_and_remove, split
@@ -104,8 +104,8 @@ def has_token_auth(version: str) -> bool:
 def env_word(key: str, value: str) -> str:
     """`KEY=value` as one shell word; a value under `~/` is the node's home, expanded there."""
     if value == "~" or value.startswith("~/"):
-        return shlex.quote(f"{key}=") + remote_path(value)
-    return shlex.quote(f"{key}={value}")
+        return shell.word(f"{key}=") + remote_path(value)
+    return shell.word(f"{key}={value}")
 
 
 def node_env(inventory: Inventory, spec: NodeSpec) -> dict[str, str]:
@@ -184,13 +184,13 @@ def plan_node(inventory: Inventory, spec: NodeSpec) -> RayNodePlan:
     if cluster.runtime == "host":
         python = remote_path(cluster.python) if cluster.python else "python3"
         # `python -m ray.scripts.scripts` is the `ray` console script of that environment.
-        start = f"{python} -m ray.scripts.scripts " + shlex.join(args[1:])
+        start = f"{python} -m ray.scripts.scripts " + shell.join(*args[1:])
     elif cluster.install_ray:
         # The image ships without Ray (recent vLLM images): the pinned one, the controller's.
-        start = (f"python3 -m pip install -q {shlex.quote(f'ray[default]=={pinned_ray()}')} && "
-                 + shlex.join(args))
+        start = (f"python3 -m pip install -q {shell.word(f'ray[default]=={pinned_ray()}')} && "
+                 + shell.join(*args))
     else:
-        start = shlex.join(args)
+        start = shell.join(*args)
     public, secret = split(node_env(inventory, spec))
     return RayNodePlan(spec.name, spec.is_head, str(spec.link_address), public, start, MappingProxyType(secret))
 
@@ -212,7 +212,7 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
             "--network", "host", "--ipc", "host", "--gpus", "all", "--shm-size", CONTAINER_SHM,
             "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
             "--device", "/dev/infiniband", "--entrypoint", "/bin/bash"]
-    words = " ".join(shlex.quote(a) for a in args)
+    words = " ".join(shell.word(a) for a in args)
     words += "".join(f" -e {env_word(k, v)}" for k, v in {**node_plan.env, **CONTAINER_CACHE_ENV}.items())
     mount = f"-v {remote_path(hf_cache)}:/root/.cache/huggingface"
     # Compile caches live on the node, so a restarted container reuses them instead of compiling again.
@@ -228,7 +228,7 @@ def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
         # Not `-e K=V` (argv, and `docker inspect`): a 0600 file the container sources and removes.
         mount += f" -e {FILE_VAR}={state}/secrets.env"
         start = source_and_remove() + start
-    return f"{words} {mount} {shlex.quote(cluster.image or '')} -c {shlex.quote(start)}"
+    return f"{words} {mount} {shell.word(cluster.image or '')} -c {shell.word(start)}"
 
 
 CONTAINER_CACHES = (("~/.cache/vllm", "/root/.cache/vllm"), ("~/.cache/torch", "/root/.cache/torch"))
@@ -256,7 +256,7 @@ def non_carry_over_file(secrets: tuple[str, ...] | list[str] = ()) -> str:
 def write_non_carry_over(secrets: tuple[str, ...] | list[str] = ()) -> str:
     """Shell that writes the list where vLLM reads it (VLLM_CONFIG_ROOT, ~/.config/vllm by default)."""
     return ('mkdir -p "$HOME/.config/vllm" && printf \'%s\\n\' '
-            f'{shlex.quote(non_carry_over_file(secrets))} > "$HOME/.config/vllm/ray_non_carry_over_env_vars.json"; ')
+            f'{shell.word(non_carry_over_file(secrets))} > "$HOME/.config/vllm/ray_non_carry_over_env_vars.json"; ')
 
 
 def config_digest(inventory: Inventory) -> str:

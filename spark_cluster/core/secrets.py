@@ -11,8 +11,9 @@ mode-0600 file that the container reads and removes as it starts (`container_fil
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping
+
+from spark_cluster.core import shell
 
 SECRET_NAME = re.compile(r"(?i)(token|secret|passw|credential|api_?key|(^|_)key$|^auth)")
 REDACTED = "<redacted>"
@@ -55,7 +56,7 @@ def exports(names: list[str] | tuple[str, ...]) -> str:
 def container_file_lines(values: Mapping[str, str]) -> str:
     """The file the container sources (`set -a; . FILE`): `NAME='value'` lines."""
     stdin_lines(values)  # the same one-line rule
-    return "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
+    return "".join(f"{k}={shell.word(v)}\n" for k, v in values.items())
 
 
 def source_and_remove() -> str:

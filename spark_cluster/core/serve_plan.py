@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from spark_cluster.core import shell
 from spark_cluster.core.errors import UsageError
 from spark_cluster.core.shell import remote_path
 from spark_cluster.core.inventory import Inventory, NodeSpec
@@ -84,7 +84,7 @@ class NodeCommand:
         if self.container is not None:
             # docker copies the value from its own environment: only the name is on its argv.
             passed = "".join(f"-e {k} " for k in (*self.secrets, *hidden))
-            return f"{given}docker exec {passed}{shlex.quote(self.container)} env {env} {words}"
+            return f"{given}docker exec {passed}{shell.word(self.container)} env {env} {words}"
         return f"{given}{env} {words}"
 
 
@@ -366,12 +366,12 @@ def _shell_word(word: str) -> str:
         return f'"{word}"'  # a reference the node's shell expands: never the secret itself
     if word == "~" or word.startswith("~/"):
         return remote_path(word)  # cluster.python: ~ is the node's home, as in Ray's line
-    return shlex.quote(word)
+    return shell.word(word)
 
 
 def _shellflag_value(name: str, value: str, redact: bool) -> str:
     if redact and is_secret(name):
-        return shlex.quote(REDACTED)
+        return shell.word(REDACTED)
     if value == "~" or value.startswith("~/"):
         return remote_path(value)
-    return shlex.quote(value)
+    return shell.word(value)

@@ -3,7 +3,8 @@ nothing else; and the one way anything runs as root."""
 
 from __future__ import annotations
 
-import shlex
+from spark_cluster.core import shell
+
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # A process's start time (clock ticks since boot): field 22 of /proc/PID/stat, the 20th after
@@ -76,8 +77,8 @@ def sudo_line(command: str, *, password: bool = False) -> str:
     once per command, never on a command line or in an environment) and prints no prompt.
     """
     if not password:
-        return f"sudo -n -- sh -c {shlex.quote(command)}"
+        return f"sudo -n -- sh -c {shell.word(command)}"
     # The node's shell takes the password's line before anything else runs, so the channel
     # stays open until it is sent; it goes on to sudo, and the rest of stdin to the command.
     return ("IFS= read -r pw && { printf '%s\\n' \"$pw\"; cat; } | "
-            f"sudo -S -p '' -- sh -c {shlex.quote(command)}")
+            f"sudo -S -p '' -- sh -c {shell.word(command)}")

@@ -4,9 +4,9 @@ unattended-upgrades hold in place (or take them away)."""
 from __future__ import annotations
 
 import hashlib
-import shlex
 from dataclasses import dataclass
 
+from spark_cluster.core import shell
 from spark_cluster.core.guard_rules import (
     IMAGE, GuardFacts, NodeVerdict, evaluate, installed_kernels, kernel_key, module_flavour,
 )
@@ -76,9 +76,9 @@ def gather(node: Node) -> GuardFacts:
     if flavour and flavour != "dkms":
         wanted = [flavour + k for k in kernels if flavour + k not in packages]
         if wanted:
-            policies = parse_policy(_out(node, "LC_ALL=C apt-cache policy " + shlex.join(wanted)))
+            policies = parse_policy(_out(node, "LC_ALL=C apt-cache policy " + shell.join(*wanted)))
     # ls exits 2 when either is missing, after listing the other.
-    present = _out(node, f"ls {shlex.join([HOOK_CONF, HOLD_CONF])} 2>/dev/null || true")
+    present = _out(node, f"ls {shell.join(*[HOOK_CONF, HOLD_CONF])} 2>/dev/null || true")
     return GuardFacts(
         node=node.name, running=running, packages=packages, upgrade=upgrade, policies=policies,
         grub_default=grub_default(_out(node, GRUB_FILES), _out(node, "grub-editenv list")),
@@ -96,7 +96,7 @@ def _digest(text: str) -> str:
 
 def installed_digests(node: Node, paths: list[str]) -> dict[str, str]:
     """sha256 of each of `paths` that exists on the node."""
-    done = node.run("sha256sum " + shlex.join(paths) + " 2>/dev/null", sudo=True)
+    done = node.run("sha256sum " + shell.join(*paths) + " 2>/dev/null", sudo=True)
     return {f[1]: f[0] for f in (line.split() for line in done.stdout.splitlines()) if len(f) == 2}
 
 
@@ -115,8 +115,8 @@ def install(node: Node, dry_run: bool = False) -> list[tuple[str, str]]:
         folder = item.path.rsplit("/", 1)[0]
         tmp = item.path + ".spark-cluster-new"
         # Written beside its place, then renamed: apt never reads half a file.
-        node.run(f"mkdir -p {shlex.quote(folder)} && cat > {shlex.quote(tmp)} && chmod {item.mode} "
-                 f"{shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(item.path)}",
+        node.run(f"mkdir -p {shell.word(folder)} && cat > {shell.word(tmp)} && chmod {item.mode} "
+                 f"{shell.word(tmp)} && mv -f {shell.word(tmp)} {shell.word(item.path)}",
                  sudo=True, stdin=item.text).check()
         done.append((item.path, "written"))
     return done
@@ -133,6 +133,6 @@ def uninstall(node: Node, dry_run: bool = False) -> list[tuple[str, str]]:
         elif dry_run:
             done.append((path, "would remove"))
         else:
-            node.run(f"rm -f {shlex.quote(path)}", sudo=True).check()
+            node.run(f"rm -f {shell.word(path)}", sudo=True).check()
             done.append((path, "removed"))
     return done

@@ -9,10 +9,10 @@ one more reboot and the same checks; the upgrade stops there with the evidence."
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from spark_cluster.core import shell
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.playbook import PlannedStep
 from spark_cluster.ops.repair import REBOOT_WAIT_S, _reboot
@@ -63,8 +63,8 @@ def stop_cluster(inv: Inventory, fleet: Fleet) -> list[str]:
 def _peer_pings(spec: NodeSpec, peer: NodeSpec) -> list[str]:
     """One don't-fragment ping per rail at the link's MTU, to the peer's address on that rail."""
     size = spec.link.mtu - 28
-    return [f"ping -c 1 -W 2 -M do -s {size} -I {shlex.quote(rail.interface)} "
-            f"{shlex.quote(str(peer_rail.address.ip))}"
+    return [f"ping -c 1 -W 2 -M do -s {size} -I {shell.word(rail.interface)} "
+            f"{shell.word(str(peer_rail.address.ip))}"
             for rail, peer_rail in zip(spec.link.rails, peer.link.rails)]
 
 
@@ -104,9 +104,9 @@ def driver_log(node: Node, count: int = 3) -> list[str]:
 def pin_kernel(node: Node, kernel: str) -> str | None:
     """Make GRUB boot `kernel` from now on; None, or what went wrong."""
     entry = ENTRY.format(kernel=kernel)
-    write = f"printf '%s' {shlex.quote(GRUB_PIN_TEXT)} > {shlex.quote(GRUB_PIN)}"
+    write = f"printf '%s' {shell.word(GRUB_PIN_TEXT)} > {shell.word(GRUB_PIN)}"
     done = node.run(f"mkdir -p /etc/default/grub.d && {write} && update-grub && "
-                    f"grub-set-default {shlex.quote(entry)} && grub-editenv list", sudo=True, timeout=300)
+                    f"grub-set-default {shell.word(entry)} && grub-editenv list", sudo=True, timeout=300)
     if not done.ok:
         return f"exit {done.exit_code}: {done.tail('stderr', 3) or done.tail('stdout', 3)}"
     if f"saved_entry={entry}" not in done.stdout:

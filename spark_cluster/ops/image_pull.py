@@ -8,10 +8,10 @@ user's Ctrl-C (the pull then goes on by itself; the next `up` finds the image or
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Callable
 
+from spark_cluster.core import shell
 from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.shell import remote_path
 from spark_cluster.transport.remote import Fleet, Node
@@ -27,7 +27,7 @@ class PullError(SparkClusterError):
 def _start(directory: str, image: str) -> str:
     d = remote_path(directory)
     return (f"mkdir -p {d} && rm -f {d}/pull.rc && "
-            f"setsid nohup sh -c {shlex.quote(f'docker pull {shlex.quote(image)}; echo $? > {d}/pull.rc')} "
+            f"setsid nohup sh -c {shell.word(f'docker pull {shell.word(image)}; echo $? > {d}/pull.rc')} "
             f"> {d}/pull.log 2>&1 < /dev/null & echo started")
 
 

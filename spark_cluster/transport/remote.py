@@ -9,7 +9,6 @@ unknown or changed host key, needs a sudo password, or the command ran past its 
 from __future__ import annotations
 
 import io
-import shlex
 import subprocess
 import threading
 import time
@@ -18,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from spark_cluster.core import shell
 from spark_cluster.core.errors import CommandTimeout, ConnectError, SparkClusterError
 from spark_cluster.core.session import sudo_line
 from spark_cluster.transport.ssh_connect import open_connection
@@ -81,8 +81,8 @@ def with_env(command: str, env: Mapping[str, str] | None) -> str:
     """Prefix a command with `env K=V ...`, every word quoted."""
     if not env:
         return command
-    assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
-    return f"env {assignments} sh -c {shlex.quote(command)}"
+    assignments = " ".join(shell.word(f"{key}={value}") for key, value in env.items())
+    return f"env {assignments} sh -c {shell.word(command)}"
 
 
 class SudoPasswordRejected(SparkClusterError):
