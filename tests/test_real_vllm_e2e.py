@@ -45,7 +45,7 @@ def emulated(real: Path) -> Path:
     model, same vLLM arguments; only the Python and the emulator's own pacing differ."""
     text = real.read_text()
     python = f"  python: {engine.real_python()}\n"
-    env = "  env: {VLLM_TARGET_DEVICE: cpu, VLLM_CPU_KVCACHE_SPACE: '1'}\n"
+    env = "  env: {VLLM_TARGET_DEVICE: cpu, VLLM_CPU_KVCACHE_SPACE: '1', TORCH_COMPILE_DISABLE: '1'}\n"
     assert python in text and env in text
     text = text.replace(python, "  python: /run/spark-lab/python\n").replace(
         env, "  env: {SPARK_LAB_LOAD_MBPS: '4'}\n")
