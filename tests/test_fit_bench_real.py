@@ -85,11 +85,11 @@ def first_answer(deadline_s: float = 400.0) -> float | None:
     return None
 
 
-def test_up_reports_ready_as_soon_as_the_real_engine_answers(real: Path) -> None:  # noqa: F811
-    """vLLM's `Application startup complete.` comes before the engine can answer: on the lab's CPU
-    engine its first forward pass (first collectives between the nodes, --enforce-eager skips
-    vLLM's warm-up) takes about 30 s. `up` is held to the moment a client asking from the
-    startup line on gets its first answer: within 5 s of it."""
+def test_up_reports_ready_within_5_s_of_the_real_engines_startup_line(real: Path) -> None:  # noqa: F811
+    """`up` says ready within 5 s of vLLM's own `Application startup complete.` (read from the
+    head's log), its readiness still being /health, /v1/models and one chat answered. A client
+    asking from that line on is timed too, so that a failure says whether the engine or `up` was
+    late (without TORCH_COMPILE_DISABLE the engine's first answer came 28 s after the line)."""
     from spark_cluster.core.inventory import load_inventory
     from spark_cluster.core.serve_plan import serve_plan
 
@@ -120,7 +120,8 @@ def test_up_reports_ready_as_soon_as_the_real_engine_answers(real: Path) -> None
     answer_at = float(seen["answer"])  # type: ignore[arg-type]
     print(f"after vLLM's Application startup complete.: first answer {answer_at - startup_at:.2f} s, "
           f"up ready {ready_at - startup_at:.2f} s")
-    assert ready_at - answer_at <= 5.0
+    assert ready_at - startup_at <= 5.0, (f"up ready {ready_at - startup_at:.2f} s after the startup line; "
+                                          f"the engine's first answer {answer_at - startup_at:.2f} s")
 
 
 def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Path) -> None:  # noqa: F811
