@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from spark_cluster.core import checks
-from spark_cluster.core.checks import Finding, Severity, cluster, driver, resources, run_checks
+from spark_cluster.core.checks import Finding, Severity, cluster, driver, driver_load, resources, run_checks
 from spark_cluster.core.errors import ConnectError
 from spark_cluster.core.facts import GIB, KIB, NodeFacts, parse_facts
 from spark_cluster.core.facts import fact, probes_for
@@ -42,7 +42,7 @@ ALL_IDS = {
     "versions.ray-differs", "versions.vllm-differs", "versions.python-differs",
     "versions.driver-differs", "versions.kernel-differs", "facts.slow", "facts.probe-slow",
     "driver.nvidia-smi-hung", "driver.proprietary-modules", "driver.adapter-init-failed", "driver.xid",
-    "probe.failed", "link.wrong-port", "driver.unreachable",
+    "probe.failed", "link.wrong-port", "driver.unreachable", "driver.dkms-build-failed",
     "runtime.docker-missing", "runtime.docker-access", "runtime.docker-down", "runtime.docker-failed",
     "runtime.image-missing", "runtime.python-missing", "runtime.ray-missing", "runtime.vllm-missing",
     "runtime.ray-auth-unsupported",
@@ -235,6 +235,7 @@ def host_probes(kernel: str = KERNEL, driver_: str = DRIVER) -> dict[str, dict[s
         "apt_history": probe(""),
         "unattended_log": probe(""),
         "holds": probe(""),
+        "dkms_build": probe(""),
         "rdma_link": probe("link roceP2p1s0f0/1 state DOWN physical_state DISABLED netdev enP2p1s0f0np0\n"
                            "link roceP2p1s0f1/1 state ACTIVE physical_state LINK_UP netdev enP2p1s0f1np1\n"
                            "link rocep1s0f0/1 state DOWN physical_state DISABLED netdev enp1s0f0np0\n"
@@ -1102,7 +1103,8 @@ def test_report_dict() -> None:
 def test_check_modules_expose_their_functions() -> None:
     # run_checks' tables name real functions of the modules (a rename would silently drop a check).
     assert driver.check_driver in checks.NODE_CHECKS and cluster.check_versions in checks.CLUSTER_CHECKS
-    assert len(checks.NODE_CHECKS) == 7 and len(checks.CLUSTER_CHECKS) == 4
+    assert driver_load.check_dkms_build in checks.NODE_CHECKS
+    assert len(checks.NODE_CHECKS) == 8 and len(checks.CLUSTER_CHECKS) == 4
 
 
 

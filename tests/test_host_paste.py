@@ -44,6 +44,12 @@ EXPECTED = {
     "modinfo-dkms-open.txt": [], "proc-version-open-run.txt": [], "dkms-status.txt": [],
     "apt-history-unattended.txt": [], "apt-history-mixed.txt": [], "rdma-link-active.txt": [],
     "rdma-link-ib-down.txt": [], "ibstat-cx7.txt": [], "ibdev2netdev-mixed.txt": [],
+    "apt-dkms-build-failed-new-kernel.txt": ["driver.dkms-build-failed"],
+    "dkms-autoinstall-failed-bare.txt": ["driver.dkms-build-failed"],
+    "modprobe-not-found-uname.txt": ["driver.modules-missing"],
+    "modprobe-key-rejected.txt": ["driver.secure-boot-rejected"],
+    "dmesg-lockdown-unsigned.txt": ["driver.secure-boot-rejected"],
+    "insmod-required-key.txt": ["driver.secure-boot-rejected"],
 }
 
 
@@ -111,6 +117,89 @@ def test_a_markdown_table_is_no_nvidia_smi() -> None:
 def test_any_paste_gives_an_answer_never_a_traceback(lines: list[str]) -> None:
     data = diagnose_host_output("\n".join(lines))
     assert not any(f["id"] == "check.crashed" for f in data["findings"])
+
+
+def _one(name: str) -> dict[str, object]:
+    (hit,) = diagnose_host_output(sample(name))["findings"]
+    return hit
+
+
+def test_a_dkms_build_failure_names_the_kernel_and_both_ways_out() -> None:
+    hit = _one("apt-dkms-build-failed-new-kernel.txt")
+    assert "580.119.02" in hit["message"] and "kernel 6.17.9-1001-nvidia" in hit["message"]
+    assert "nvidia-dkms-580-open, nvidia-driver-580-open unconfigured" in hit["message"]
+    assert "make.log: /var/lib/dkms/nvidia/580.119.02/build/make.log" in hit["evidence"]
+    note = hit["fix"]["note"]
+    assert "sudo apt-get install -y linux-headers-6.17.9-1001-nvidia" in note
+    assert "read /var/lib/dkms/nvidia/580.119.02/build/make.log" in note
+    assert "linux-modules-nvidia-580-open-6.17.9-1001-nvidia" in note and "purge nvidia-dkms-580-open" in note
+
+
+def test_a_dkms_failure_for_another_kernel_than_the_running_one_says_so() -> None:
+    text = sample("dkms-autoinstall-failed-bare.txt") + "$ uname -r\n6.17.0-1014-nvidia\n"
+    (hit,) = diagnose_host_output(text)["findings"]
+    assert hit["id"] == "driver.dkms-build-failed"
+    assert "not the running 6.17.0-1014-nvidia" in hit["message"]
+
+
+def test_a_dkms_failure_for_the_running_kernel_is_the_cause_not_modules_missing() -> None:
+    text = sample("apt-dkms-build-failed-new-kernel.txt") + "$ uname -r\n6.17.9-1001-nvidia\n$ sudo modprobe nvidia\n" \
+        "modprobe: FATAL: Module nvidia not found in directory /lib/modules/6.17.9-1001-nvidia\n"
+    assert [f["id"] for f in diagnose_host_output(text)["findings"]] == ["driver.dkms-build-failed"]
+
+
+def test_headers_missing_is_said() -> None:
+    text = "$ sudo dkms autoinstall\nError! Your kernel headers for kernel 6.17.9-1001-nvidia cannot be found at " \
+           "/lib/modules/6.17.9-1001-nvidia/build or /lib/modules/6.17.9-1001-nvidia/source.\n" \
+           "dpkg: error processing package nvidia-dkms-580-open (--configure):\n"
+    hit = _one_of(text)
+    assert "linux-headers-6.17.9-1001-nvidia are not installed" in hit["message"]
+
+
+def _one_of(text: str) -> dict[str, object]:
+    (hit,) = diagnose_host_output(text)["findings"]
+    return hit
+
+
+def test_another_modules_dkms_failure_is_no_nvidia_finding() -> None:
+    text = "Building initial module for 6.17.9-1001-nvidia\nError! Bad return status for module build on kernel: " \
+           "6.17.9-1001-nvidia (aarch64)\nConsult /var/lib/dkms/r8126/10.013.00/build/make.log for more information.\n"
+    assert diagnose_host_output(text)["findings"] == []
+
+
+def test_modprobe_not_found_names_that_kernel() -> None:
+    hit = _one("modprobe-not-found-uname.txt")
+    assert "running kernel 6.17.0-1018-nvidia" in hit["message"]
+    assert "no nvidia module in /lib/modules/6.17.0-1018-nvidia" in hit["evidence"]
+    assert "dpkg" not in hit["evidence"]  # the paste shows no dpkg: nothing is claimed of it
+
+
+@pytest.mark.parametrize("name, shown", [
+    ("modprobe-key-rejected.txt", "Key was rejected by service"),
+    ("dmesg-lockdown-unsigned.txt", "unsigned module loading is restricted"),
+    ("insmod-required-key.txt", "Required key not available"),
+])
+def test_a_module_refused_under_secure_boot_gives_the_mok_step(name: str, shown: str) -> None:
+    hit = _one(name)
+    assert shown in hit["message"] and shown in hit["evidence"]
+    assert "sudo mokutil --import /var/lib/shim-signed/mok/MOK.der" in hit["fix"]["note"]
+    assert "Enroll MOK" in hit["fix"]["note"] and "linux-modules-nvidia-580-open-" in hit["fix"]["note"]
+
+
+def test_an_unsigned_module_that_loaded_is_no_refusal() -> None:
+    text = "[   12.402816] nvidia: module verification failed: signature and/or required key missing - tainting kernel\n" \
+           "[   12.9] NVRM: loading NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build\n"
+    assert not any(f["id"] == "driver.secure-boot-rejected" for f in diagnose_host_output(text)["findings"])
+
+
+def test_mokutil_with_dkms_and_a_silent_driver_is_secure_boot() -> None:
+    text = ("$ uname -r\n6.17.0-1018-nvidia\n$ nvidia-smi\nNVIDIA-SMI has failed because it couldn't communicate "
+            "with the NVIDIA driver.\n$ mokutil --sb-state\nSecureBoot enabled\n$ dpkg -l | grep nvidia\n"
+            "ii  nvidia-dkms-580-open  580.119.02-0ubuntu1  arm64  NVIDIA DKMS package\n$ modinfo nvidia\n"
+            "filename:       /lib/modules/6.17.0-1018-nvidia/updates/dkms/nvidia.ko.zst\nversion:        580.119.02\n"
+            "license:        Dual MIT/GPL\n$ lsmod | grep nvidia\n")
+    hit = _one_of(text)
+    assert hit["id"] == "driver.secure-boot-rejected" and "mokutil: SecureBoot enabled" in hit["evidence"]
 
 
 # --- the CLI ---

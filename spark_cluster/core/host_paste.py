@@ -18,8 +18,10 @@ from spark_cluster.core.facts.driver import (
     DKMS, KERNEL_LOG, LSMOD, LSMOD_FILTERED, MODINFO_NVIDIA, NVIDIA_SMI, PROC_DRIVER,
 )
 from spark_cluster.core.facts.network import IBDEV2NETDEV, RDMA_LINK
-from spark_cluster.core.facts.packages import APT_HISTORY, HOLDS, KERNEL_MODULES, PACKAGES, UNATTENDED_LOG
-from spark_cluster.core.facts.system import UNAME
+from spark_cluster.core.facts.packages import (
+    APT_HISTORY, DKMS_BUILD, HOLDS, KERNEL_MODULES, PACKAGES, UNATTENDED_LOG,
+)
+from spark_cluster.core.facts.system import SECURE_BOOT, UNAME
 from spark_cluster.core.parsers import driver_info
 
 NODE = "pasted"
@@ -30,7 +32,8 @@ _COMMANDS = {  # first word (after sudo) -> kind
     "nvidia-smi": "nvidia_smi", "uname": "uname", "lsmod": "lsmod", "modinfo": "modinfo",
     "modprobe": "modprobe", "insmod": "modprobe", "dpkg": "dpkg", "dpkg-query": "dpkg", "dkms": "dkms",
     "dmesg": "kernel_log", "journalctl": "kernel_log", "apt-mark": "holds", "ibstat": "ibstat",
-    "rdma": "rdma_link", "ibdev2netdev": "ibdev2netdev",
+    "rdma": "rdma_link", "ibdev2netdev": "ibdev2netdev", "apt": "apt_install", "apt-get": "apt_install",
+    "aptitude": "apt_install", "mokutil": "secure_boot",
 }
 _FILES = (("/proc/driver/nvidia/version", "proc_driver"), ("history.log", "apt_history"),
           ("unattended-upgrades", "unattended_log"), ("/var/log/kern.log", "kernel_log"),
@@ -40,6 +43,11 @@ _MODINFO_KEYS = ("filename|version|license|vermagic|signer|srcversion|descriptio
                  "name|sig_id|sig_key|sig_hashalgo|signature|parm|supported|import_ns|retpoline|intree|"
                  "author|softdep|rhelversion")
 _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("apt_install", re.compile(r"^\s{0,8}(Building initial module |Error! (Bad return status|Your kernel headers)|"
+                               r"Consult /var/lib/dkms/|dpkg: (error processing|dependency problems)|"
+                               r"Package \S{1,200} is not configured yet|Errors were encountered while processing|"
+                               r"E: Sub-process /usr/bin/dpkg |dkms autoinstall on |Setting up \S{1,200} \(|"
+                               r"Unpacking \S{1,200} \(|Preparing to unpack |installed \S{1,200} package post-)")),
     ("dpkg", re.compile(r"^(Desired=|\| Status=|\|/ Err\?|\|\|/ Name|\+\+\+-|(ii|hi|rc|iU|iF|un|pn|ri|hF)[ \t]+\S)")),
     ("nvidia_smi", re.compile(r"^(\||\+-{5}|NVIDIA-SMI has failed|Failed to initialize NVML|NVML library version|"
                               r"No devices were found|NVIDIA-SMI couldn't find|Unable to determine the device handle|"
@@ -47,7 +55,7 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
                               r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} [0-9]{4}\s*$)")),
     ("proc_driver", re.compile(r"^(NVRM version:|GCC version:)")),
     ("kernel_log", re.compile(r"^(\[\s*[0-9]+\.[0-9]+\]\s|[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} \S+ kernel: |"
-                              r"\s*NVRM[: ]|nvidia-(modeset|uvm|nvlink|drm): |mlx5_core |\[drm)")),
+                              r"\s*NVRM[: ]|nvidia(-modeset|-uvm|-nvlink|-drm)?: |mlx5_core |\[drm|Lockdown: )")),
     ("apt_history", re.compile(r"^(Start-Date|Commandline|Requested-By|Upgrade|Install|Remove|Purge|Downgrade|"
                                r"Reinstall|End-Date|Error): ")),
     ("unattended_log", re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8},[0-9]+ (INFO|WARNING|ERROR|DEBUG) ")),
@@ -72,7 +80,8 @@ TOOL_NAMES = {"nvidia_smi": "nvidia-smi", "proc_driver": "/proc/driver/nvidia/ve
               "lsmod": "lsmod", "modinfo": "modinfo", "modprobe": "modprobe", "dpkg": "dpkg -l",
               "dkms": "dkms status", "kernel_log": "kernel log", "apt_history": "apt history",
               "unattended_log": "unattended-upgrades log", "holds": "apt-mark showhold", "ibstat": "ibstat",
-              "rdma_link": "rdma link", "ibdev2netdev": "ibdev2netdev"}
+              "rdma_link": "rdma link", "ibdev2netdev": "ibdev2netdev", "apt_install": "apt/dpkg install output",
+              "secure_boot": "mokutil --sb-state"}
 
 
 @dataclass
@@ -215,22 +224,33 @@ def paste_probes(sections: list[Section]) -> dict[str, dict[str, Any]]:
     if "modinfo" in by_kind:
         probes[MODINFO_NVIDIA.name] = ok(text, 1 if missing_module else 0)
     modprobe = joined("modprobe")
-    if m := re.search(r"Module nvidia\S* not found in directory /lib/modules/(\S+)", modprobe):
-        kernel = kernel or m.group(1)
-        missing_module = True
+    without = ""  # the kernel modprobe looked in and found no nvidia module for
+    if m := re.search(r"Module nvidia\S{0,20} not found in directory /lib/modules/(\S{1,200})", modprobe):
+        without = m.group(1)
+        kernel = kernel or without
     if kernel:
         probes[UNAME.name] = ok(f"{kernel} {arch}".strip() + "\n")
         fields = driver_info.parse_modinfo(text)
         version = (fields.get("version") or [""])[0]
         on_disk = any(f"/lib/modules/{kernel}/" in f for f in fields.get("filename", ()))
-        if missing_module or (version and on_disk):
-            probes[KERNEL_MODULES.name] = ok(f"{kernel}\t{'' if missing_module else version}\n")
+        rows = [f"{without}\t"] if without else []
+        if without != kernel and (missing_module or (version and on_disk)):
+            rows.append(f"{kernel}\t{'' if missing_module else version}")
+        if rows:
+            probes[KERNEL_MODULES.name] = ok("\n".join(rows) + "\n")
     if "dpkg" in by_kind:
         probes[PACKAGES.name] = ok(_dpkg_rows(joined("dpkg")))
+    # modprobe's refusal names the module; the kernel log line beside it may not (Lockdown's).
     log = joined("kernel_log") + "".join(f"kernel: {line}\n" for line in modprobe.splitlines()
-                                         if "Key was rejected" in line)
+                                         if "nvidia" in line and ("Key was rejected" in line or
+                                                                  "Required key not available" in line))
     if log:
         probes[KERNEL_LOG.name] = ok(log)
+    if "SecureBoot " in joined("secure_boot"):
+        probes[SECURE_BOOT.name] = ok(joined("secure_boot"))
+    install = joined("apt_install") + joined("dkms") + joined("dpkg")
+    if "apt_install" in by_kind or "Error! " in install:
+        probes[DKMS_BUILD.name] = ok(install)
     for kind, fact in _AS_GATHERED.items():
         if kind in by_kind:
             probes[fact.name] = ok(joined(kind))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from spark_cluster.core.facts import NodeFacts
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.serve_plan import ServePlan
-from spark_cluster.core.checks import cluster, driver, link, resources, runtime
+from spark_cluster.core.checks import cluster, driver, driver_load, link, resources, runtime
 from spark_cluster.core.checks.base import Finding, NodeContext, Severity, blocker
 
 NodeCheck = Callable[[NodeFacts, NodeContext], Iterable[Finding]]
@@ -21,6 +21,7 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     resources.check_access,
     runtime.check_runtime,
     driver.check_driver,
+    driver_load.check_dkms_build,
     driver.check_next_boot,
     driver.check_rdma_modules,
     driver.check_kernel_log,
@@ -30,6 +31,7 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
 # that need no inventory.
 HOST_CHECKS: tuple[NodeCheck, ...] = (
     driver.check_driver,
+    driver_load.check_dkms_build,
     driver.check_next_boot,
     driver.check_rdma_modules,
     driver.check_kernel_log,

@@ -17,14 +17,11 @@ from spark_cluster.core.parsers.apt_log import is_driver_package
 from spark_cluster.core.parsers.driver_info import same_version
 from spark_cluster.core.parsers.kernel_log import XID_MEANING, KernelLog
 from spark_cluster.core.checks.base import Finding, Fix, NodeContext, NodeFacts, blocker, fix, info, manual, warning
+from spark_cluster.core.checks.driver_load import dkms_failed_for, module_package, refusal, secure_boot_rejected
 
 GPU_MODULES = ("nvidia", "nvidia_uvm")  # CUDA needs both; modeset/drm only serve the display
 RDMA_MODULES = ("mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs", "rdma_ucm")
 HWE_META = "linux-modules-nvidia-{branch}-open-nvidia-hwe-24.04"
-
-
-def module_package(branch: str, kernel: str) -> str:
-    return f"linux-modules-nvidia-{branch}-open-{kernel}"
 
 
 def _has_modules(facts: NodeFacts, kernel: str) -> bool:
@@ -78,6 +75,9 @@ def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
     if status != "ok" and not _module_evidence(facts, view):
         return  # nvidia-smi unknown and nothing else shows the driver failing: unknown, not a fault
     log = view.log
+    if refusal(log) and "nvidia" not in facts.modules:
+        yield secure_boot_rejected(facts, log, evidence, False, repair_packages(facts, kernel or "$(uname -r)"))
+        return
     adapter = log.adapter_failures[0] if log and log.adapter_failures else None
     loaded = "nvidia" in facts.modules or view.loaded_version is not None or adapter is not None
     flavour = view.loaded_flavour if loaded else view.disk_flavour
@@ -113,6 +113,8 @@ def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
                       evidence + _log_evidence(view),
                       manual("check `sudo journalctl -k -b | grep -i nvrm`; a reboot usually clears it"))
         return
+    if dkms_failed_for(facts, kernel) and not (kernel and _has_modules(facts, kernel)):
+        return  # check_dkms_build names the kernel DKMS failed for, and why
     if not kernel or not (answered(facts, KERNEL_MODULES) or facts.packages or view.module_paths):
         # nvidia-smi shows the fault; which kernel runs, or what is installed for it, is unknown.
         yield blocker(
@@ -127,17 +129,8 @@ def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
         yield _modules_missing(facts, view, evidence)
         return
     dkms_pkg = any(name.startswith("nvidia-dkms") and p.installed for name, p in facts.packages.items())
-    rejected = any("Key was rejected" in e for e in (log.errors if log else ()))
-    if (dkms_pkg and facts.secure_boot) or rejected:
-        yield blocker(
-            "driver.secure-boot-rejected", node,
-            "the modules come from DKMS and Secure Boot is on: the kernel refuses a module signed "
-            "with an unenrolled key ('Key was rejected by service')",
-            "; ".join(filter(None, [evidence, "nvidia-dkms installed, mokutil: SecureBoot enabled"
-                                    if dkms_pkg and facts.secure_boot else "", _log_line(log, "Key was rejected")])),
-            manual("use Canonical's signed prebuilt modules: sudo dpkg --purge --force-depends "
-                   f"nvidia-dkms-{facts.driver_branch}-open; sudo apt-get install -y "
-                   f"{repair_packages(facts, kernel)}"))
+    if dkms_pkg and facts.secure_boot:
+        yield secure_boot_rejected(facts, log, evidence, True, repair_packages(facts, kernel))
         return
     if status != "ok" and not answered(facts, LSMOD):
         return
@@ -148,15 +141,9 @@ def check_driver(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Finding]
 def _module_evidence(facts: NodeFacts, view: DriverView) -> bool:
     """Without nvidia-smi: does anything else show the GPU driver failing?"""
     log = view.log
-    return bool(log and (log.adapter_failures or log.api_mismatch)) or (
-        answered(facts, LSMOD) and "nvidia" not in facts.modules)
-
-
-def _log_line(log: KernelLog | None, needle: str) -> str:
-    for line in (log.errors + log.adapter_failures) if log else ():
-        if needle in line:
-            return f"kernel log: {line}"
-    return ""
+    return bool(log and (log.adapter_failures or log.api_mismatch or refusal(log))) or (
+        answered(facts, LSMOD) and "nvidia" not in facts.modules) or (
+        facts.kernel in facts.nvidia_ko and facts.nvidia_ko[facts.kernel] is None)  # modprobe: not found
 
 
 def _log_evidence(view: DriverView) -> str:
@@ -283,8 +270,11 @@ def _modules_missing(facts: NodeFacts, view: DriverView, evidence: str) -> Findi
     return blocker(
         "driver.modules-missing", node,
         f"no NVIDIA kernel modules for the running kernel {kernel}: {pkg} is not installed "
-        f"(a kernel update without its module package){also}",
-        f"{evidence}; dpkg: {pkg} not installed" if evidence else f"dpkg: {pkg} not installed",
+        f"(a kernel update without its module package){also}" if facts.packages else
+        f"no NVIDIA kernel modules for the running kernel {kernel}: modprobe/modinfo find none; {pkg} "
+        f"provides them (a kernel update without its module package is the usual cause){also}",
+        "; ".join(filter(None, [evidence, f"dpkg: {pkg} not installed" if facts.packages
+                                else f"modinfo/modprobe: no nvidia module in /lib/modules/{kernel}"])),
         fix("driver-repair", packages=repair_packages(facts, kernel)))
 
 

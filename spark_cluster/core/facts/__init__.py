@@ -27,7 +27,7 @@ _ORDER = (
     network.IBDEV2NETDEV, network.IP_ADDR, network.SPEED,
     system.MEMINFO, system.PROCESSES, system.CLOCK, system.SUDO, system.SECURE_BOOT, system.REBOOT_REQUIRED,
     driver.KERNEL_LOG, driver.MODINFO_NVIDIA, driver.NVIDIA_FILES, driver.DKMS, driver.HEADERS,
-    packages.APT_HISTORY, packages.UNATTENDED_LOG, packages.HOLDS, network.RDMA_LINK,
+    packages.APT_HISTORY, packages.UNATTENDED_LOG, packages.HOLDS, packages.DKMS_BUILD, network.RDMA_LINK,
     runtime.OWN_PIDS, system.DISK, runtime.MODEL_FILES, runtime.DOCKER, runtime.IMAGE, runtime.PYTHON,
     network.PING, driver.LSMOD_FILTERED,
 )

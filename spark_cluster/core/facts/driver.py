@@ -68,7 +68,7 @@ KERNEL_LOG_COMMAND = (
     " || log=$(dmesg 2>/dev/null) && [ -n \"$log\" ]"
     " || log=$(sudo -n dmesg 2>/dev/null) && [ -n \"$log\" ]"
     " || { echo 'cannot read the kernel log (journalctl -k, dmesg)' >&2; exit 1; };"
-    " printf '%s\\n' \"$log\" | grep -aiE 'nvrm|nvidia|xid|mlx5' | tail -n 300; true"
+    " printf '%s\\n' \"$log\" | grep -aiE 'nvrm|nvidia|xid|mlx5|module loading is restricted' | tail -n 300; true"
 )
 
 NVIDIA_SMI = Fact("nvidia_smi", f"nvidia-smi --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits",

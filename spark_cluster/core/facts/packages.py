@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from spark_cluster.core.facts.base import Fact, answered, text
-from spark_cluster.core.parsers import apt_log
+from spark_cluster.core.parsers import apt_log, dkms
 from spark_cluster.core.shell import join
 
 DPKG_PATTERNS = (
@@ -83,4 +83,13 @@ UNATTENDED_LOG = answered(
 HOLDS = answered("holds", "apt-mark showhold", apt_log.parse_showhold, strict=True,
                  shows="apt-mark showhold: whether the driver packages are held")
 
-FACTS = (PACKAGES, KERNEL_MODULES, APT_HISTORY, UNATTENDED_LOG, HOLDS)
+# What dpkg printed while installing: a DKMS build that failed for a kernel (term.log is root's).
+DKMS_BUILD = answered(
+    "dkms_build", "f=/var/log/apt/term.log; [ -e $f ] || exit 0;"
+                  " { grep -aE 'Building initial module|^Error! |^Consult /var/lib/dkms/|^dpkg: error processing|"
+                  "is not configured yet|dkms autoinstall on' $f 2>/dev/null"
+                  " || sudo -n grep -aE 'Building initial module|^Error! |^Consult /var/lib/dkms/|"
+                  "^dpkg: error processing|is not configured yet|dkms autoinstall on' $f; } | tail -n 60; true",
+    dkms.parse_build_failures, strict=True)
+
+FACTS = (PACKAGES, KERNEL_MODULES, APT_HISTORY, UNATTENDED_LOG, HOLDS, DKMS_BUILD)

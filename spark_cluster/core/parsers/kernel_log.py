@@ -24,7 +24,8 @@ _MISMATCH = re.compile(
     r"kernel module has the version ([0-9]+(?:\.[0-9]+)*)")
 _LOADING = re.compile(r"NVRM: loading NVIDIA UNIX (Open )?(?:\S+ )?Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)")
 _LOAD_ERRORS = (
-    "Key was rejected by service", "module verification failed", "Unknown symbol",
+    "Key was rejected by service", "Required key not available", "unsigned module loading is restricted",
+    "module verification failed", "Unknown symbol",
     "disagrees about version of symbol", "NVIDIA init module failed", "No NVIDIA GPU found",
     "probe routine failed", "fallen off the bus", "GSP_INIT_DONE", "Cannot initialize GSP",
     "failed to allocate", "RmFetchGspRmImages",
@@ -97,7 +98,8 @@ def parse_kernel_log(text: str) -> KernelLog:
     loaded_version = flavour = None
     count = 0
     for message in messages(text if isinstance(text, str) else ""):
-        if "NVRM" not in message and "nvidia" not in message.lower() and "Xid" not in message:
+        if "NVRM" not in message and "nvidia" not in message.lower() and "Xid" not in message \
+                and "unsigned module loading is restricted" not in message:
             continue
         count += 1
         if (m := _XID.search(message)) is not None:
