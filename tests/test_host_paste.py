@@ -174,6 +174,13 @@ def test_modprobe_not_found_names_that_kernel() -> None:
     assert "dpkg" not in hit["evidence"]  # the paste shows no dpkg: nothing is claimed of it
 
 
+def test_older_kmods_not_found_without_a_directory_is_the_running_kernels() -> None:
+    # ApolloAuto/apollo#2484: `modprobe: FATAL: Module nvidia not found.`
+    text = "$ uname -r\n6.17.0-1018-nvidia\n$ sudo modprobe nvidia\nmodprobe: FATAL: Module nvidia not found.\n"
+    assert _one_of(text)["id"] == "driver.modules-missing"
+    assert diagnose_host_output("$ sudo modprobe nvidia\nmodprobe: FATAL: Module nvidia not found.\n")["findings"] == []
+
+
 @pytest.mark.parametrize("name, shown", [
     ("modprobe-key-rejected.txt", "Key was rejected by service"),
     ("dmesg-lockdown-unsigned.txt", "unsigned module loading is restricted"),

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_cluster.core.diagnose import diagnose_log
+from spark_cluster.core.host_paste import diagnose_host_output
 from spark_cluster.core.progress import parse_line, track
 from spark_cluster.ui.jsonout import dumps
 
@@ -46,6 +47,38 @@ def test_any_mix_of_log_pieces_is_read_quickly_and_never_raises(pieces: list[str
     for line in text.split("\n")[:50]:
         event = parse_line(line)
         assert event is None or "\x1b" not in event.line
+
+
+HOST_OUTPUTS = Path(__file__).parent / "data" / "host-outputs"
+# Lines of the real pastes (apt/dpkg, modprobe, dmesg, nvidia-smi, ...) and what would make a regex
+# over them quadratic or a number over them explode.
+PASTE_LINES = sorted({line for path in HOST_OUTPUTS.glob("*.txt") for line in path.read_text().splitlines()})
+PASTE_PIECES = [
+    "(a)" * 3000, "Upgrade: " + "libnvidia-compute-580:arm64 (580.1, 580.2), " * 800, "Upgrade: " + "(" * 5000,
+    "\x1b]0;title\x07", "\x1b]" * 2000, "\x1bP+q\x1b\\", "\x9b2J", "9" * 5000, "0x" + "f" * 4000,
+    "Building initial module for " + "6" * 5000, "Error! Bad return status for module build on kernel: " + "x" * 5000,
+    "Consult /var/lib/dkms/" + "nvidia/" * 1000 + "build/make.log", "  Package " + "a" * 5000 + " is not configured",
+    "dpkg: error processing package " + "a-" * 3000, "modprobe: FATAL: Module nvidia not found in directory /lib/modules/"
+    + "9." * 3000, "Lockdown: " + " " * 5000, "$ " + "sudo " * 2000 + "apt", "| " * 4000, " " * 5000 + "#",
+]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(PASTE_LINES) | st.sampled_from(PASTE_PIECES) | st.text(max_size=40), max_size=40),
+       st.sampled_from(["\n", "\r\n", "\r"]))
+def test_any_mix_of_paste_lines_is_diagnosed_quickly_and_never_raises(lines: list[str], newline: str) -> None:
+    started = time.monotonic()
+    data = diagnose_host_output(newline.join(lines))
+    assert time.monotonic() - started < 2.0
+    assert not any(f["id"] == "check.crashed" for f in data["findings"])
+    json.loads(dumps(data))
+
+
+@pytest.mark.parametrize("piece", PASTE_PIECES)
+def test_each_hostile_paste_piece_alone_at_length_is_linear(piece: str) -> None:
+    started = time.monotonic()
+    diagnose_host_output("\n".join([piece] * 20))
+    assert time.monotonic() - started < 2.0
 
 
 @pytest.mark.parametrize("line", [

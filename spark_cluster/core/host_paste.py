@@ -225,8 +225,9 @@ def paste_probes(sections: list[Section]) -> dict[str, dict[str, Any]]:
         probes[MODINFO_NVIDIA.name] = ok(text, 1 if missing_module else 0)
     modprobe = joined("modprobe")
     without = ""  # the kernel modprobe looked in and found no nvidia module for
-    if m := re.search(r"Module nvidia\S{0,20} not found in directory /lib/modules/(\S{1,200})", modprobe):
-        without = m.group(1)
+    # Older kmod says only `Module nvidia not found.`: then it is the running kernel's.
+    if m := re.search(r"Module nvidia(?:-uvm|_uvm)? not found(?: in directory /lib/modules/(\S{1,200}))?", modprobe):
+        without = m.group(1) or kernel
         kernel = kernel or without
     if kernel:
         probes[UNAME.name] = ok(f"{kernel} {arch}".strip() + "\n")
