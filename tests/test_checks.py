@@ -671,6 +671,38 @@ def test_secure_boot_rejects_dkms_modules() -> None:
     assert blockers(findings_of(raws)) == [("spark-b", "driver.module-not-loaded")]
 
 
+def test_a_dkms_build_failure_in_term_log_is_named_with_its_kernel() -> None:
+    # dpkg's terminal output, as /var/log/apt/term.log keeps it (pop-os/pop#3811, on a Spark's kernel).
+    raws = healthy_cluster()
+    set_probe(raws["spark-b"], "dkms_build", (
+        f"Building initial module for {NEW_KERNEL}\n"
+        f"Error! Bad return status for module build on kernel: {NEW_KERNEL} (aarch64)\n"
+        "Consult /var/lib/dkms/nvidia/580.119.02/build/make.log for more information.\n"
+        "dpkg: error processing package nvidia-dkms-580-open (--configure):\n"
+        "  Package nvidia-dkms-580-open is not configured yet.\n"))
+    findings = findings_of(raws)
+    assert blockers(findings) == [("spark-b", "driver.dkms-build-failed")]
+    hit = only(findings, "driver.dkms-build-failed")
+    assert f"kernel {NEW_KERNEL} (not the running {KERNEL}" in hit.message
+    assert hit.fix is not None and f"linux-headers-{NEW_KERNEL}" in hit.fix.note
+    assert f"linux-modules-nvidia-580-open-{NEW_KERNEL}" in hit.fix.note
+
+
+def test_lockdown_refusing_the_module_is_secure_boot_not_module_not_loaded() -> None:
+    raws = healthy_cluster()
+    b = raws["spark-b"]
+    set_probe(b, "nvidia_smi", NOT_LOADED, 9)
+    set_probe(b, "proc_driver", rc=1, err="cat: /proc/driver/nvidia/version: No such file or directory\n")
+    set_probe(b, "lsmod", lsmod(without=NVIDIA_MODULES))
+    set_probe(b, "kernel_log", "[  398.381052] Lockdown: modprobe: unsigned module loading is restricted; "
+                               "see man kernel_lockdown.7\n")
+    findings = findings_of(raws)
+    assert blockers(findings) == [("spark-b", "driver.secure-boot-rejected")]
+    hit = only(findings, "driver.secure-boot-rejected")
+    assert "Lockdown: modprobe" in hit.evidence and hit.fix is not None
+    assert "sudo mokutil --import /var/lib/shim-signed/mok/MOK.der" in hit.fix.note
+
+
 def test_no_devices_found() -> None:
     raws = healthy_cluster()
     set_probe(raws["spark-a"], "nvidia_smi", "No devices were found\n", 6)

@@ -177,3 +177,38 @@ FRAGMENTS = st.sampled_from(["NVRM: ", "Xid (", "): ", "RmInitAdapter failed! ("
 def test_no_parser_raises(text: str) -> None:
     for parse in PARSERS:
         parse(text)
+
+
+# --- apt/dpkg install output: DKMS build failures ---
+
+def test_dkms_build_failure_of_pop_os_3811() -> None:
+    (failure,) = dkms.parse_build_failures(sample("apt-dkms-build-failed-new-kernel.txt"))
+    assert (failure.kernel, failure.arch, failure.module, failure.version) == \
+        ("6.17.9-1001-nvidia", "aarch64", "nvidia", "580.119.02")
+    assert failure.make_log == "/var/lib/dkms/nvidia/580.119.02/build/make.log"
+    assert failure.unconfigured == ("nvidia-dkms-580-open", "nvidia-driver-580-open") and failure.nvidia
+
+
+def test_dkms_headers_missing_and_autoinstall_are_one_failure_per_kernel() -> None:
+    text = ("Error! Your kernel headers for kernel 6.8.0-1-x cannot be found at /lib/modules/6.8.0-1-x/build\n"
+            "dkms autoinstall on 6.8.0-1-x/aarch64 failed for nvidia(10)\n")
+    (failure,) = dkms.parse_build_failures(text)
+    assert failure.kernel == "6.8.0-1-x" and failure.headers_missing and failure.module == "nvidia"
+
+
+def test_dpkg_unconfigured_alone_names_the_kernel_being_built() -> None:
+    text = "Building initial module for 6.17.9-1001-nvidia\ndpkg: error processing package nvidia-dkms-580-open (--configure):\n"
+    (failure,) = dkms.parse_build_failures(text)
+    assert failure.kernel == "6.17.9-1001-nvidia" and failure.nvidia
+
+
+def test_no_dkms_lines_no_failure() -> None:
+    assert dkms.parse_build_failures("Setting up nvidia-utils-580 (580.95.05-0ubuntu1) ...\n") == ()
+    assert dkms.parse_build_failures("dpkg: error processing package libc-bin (--configure):\n") == ()
+
+
+def test_lockdown_and_required_key_are_load_errors() -> None:
+    log = kernel_log.parse_kernel_log(
+        "[  398.381052] Lockdown: modprobe: unsigned module loading is restricted; see man kernel_lockdown.7\n"
+        "kernel: insmod: ERROR: could not insert module nvidia.ko: Required key not available\n")
+    assert len(log.errors) == 2

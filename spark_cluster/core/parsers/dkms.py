@@ -79,8 +79,7 @@ def parse_build_failures(text: str) -> tuple[BuildFailure, ...]:
         elif (m := _NO_HEADERS.match(line)) is not None:
             failures.append({"kernel": m.group(1), "headers_missing": True, "line": line})
         elif (m := _AUTOINSTALL.match(line)) is not None:
-            if not any(f["kernel"] == m.group(1) for f in failures):
-                failures.append({"kernel": m.group(1), "arch": m.group(2), "module": m.group(3), "line": line})
+            failures.append({"kernel": m.group(1), "arch": m.group(2), "module": m.group(3), "line": line})
         elif (m := _CONSULT.match(line)) is not None and failures:
             failures[-1].update(make_log=m.group(1), module=m.group(2), version=m.group(3))
         elif (m := _DPKG_FAILED.match(line) or _NOT_CONFIGURED.match(line)) is not None:
@@ -89,8 +88,11 @@ def parse_build_failures(text: str) -> tuple[BuildFailure, ...]:
     if not failures and any("dkms" in p for p in unconfigured):
         failures.append({"kernel": building, "line": f"dpkg: error processing package {unconfigured[0]}"})
     merged: dict[str, dict[str, object]] = {}
-    for f in failures:  # one per kernel: headers missing, then the build's status, are one failure
-        merged.setdefault(str(f["kernel"]), {}).update({k: v for k, v in f.items() if v})
+    for f in failures:  # one per kernel: headers missing, the build's status, autoinstall are one failure
+        into = merged.setdefault(str(f["kernel"]), {"kernel": f["kernel"], "line": f["line"]})
+        for key, value in f.items():
+            if value and not into.get(key):
+                into[key] = value
     return tuple(BuildFailure(
         kernel=str(f["kernel"]), arch=f.get("arch"), module=f.get("module"),  # type: ignore[arg-type]
         version=f.get("version"), make_log=f.get("make_log"),  # type: ignore[arg-type]
