@@ -50,6 +50,7 @@ EXPECTED = {
     "modprobe-key-rejected.txt": ["driver.secure-boot-rejected"],
     "dmesg-lockdown-unsigned.txt": ["driver.secure-boot-rejected"],
     "insmod-required-key.txt": ["driver.secure-boot-rejected"],
+    "journal-modules-load-key-rejected.txt": ["driver.secure-boot-rejected"],
 }
 
 

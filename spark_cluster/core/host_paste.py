@@ -59,7 +59,10 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("apt_history", re.compile(r"^(Start-Date|Commandline|Requested-By|Upgrade|Install|Remove|Purge|Downgrade|"
                                r"Reinstall|End-Date|Error): ")),
     ("unattended_log", re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8},[0-9]+ (INFO|WARNING|ERROR|DEBUG) ")),
-    ("modprobe", re.compile(r"^(modprobe|insmod): (FATAL|ERROR): ")),
+    # Also as the journal keeps them (`Aug 04 19:34:09 host dkms.systemd[1627]: modprobe: ERROR: …`,
+    # `… systemd-modules-load[602]: Failed to insert module 'nvidia': …`).
+    ("modprobe", re.compile(r"^(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} \S{1,100} [\w.-]{1,100}\[[0-9]{1,10}\]: )?"
+                            r"((modprobe|insmod): (FATAL|ERROR): |Failed to insert module ')")),
     ("modinfo", re.compile(rf"^(({_MODINFO_KEYS}):\s|modinfo: ERROR: |Module \S+ not found\.?$)")),
     ("dkms", re.compile(r"^[\w.+-]+(/|, )[0-9][\w.+~-]*(, \S+, \S+)?: (installed|built|added)")),
     ("lsmod", re.compile(r"^(Module\s+Size\s+Used by|[a-z0-9_]+\s+[0-9]+\s+[0-9-]+(\s+[\w,\[\]-]+)?\s*$)")),
