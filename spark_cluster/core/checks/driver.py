@@ -15,7 +15,7 @@ from spark_cluster.core.facts.packages import APT_HISTORY, HOLDS, KERNEL_MODULES
 from spark_cluster.core.facts.system import UNAME
 from spark_cluster.core.parsers.apt_log import is_driver_package
 from spark_cluster.core.parsers.driver_info import same_version
-from spark_cluster.core.parsers.kernel_log import XID_MEANING, KernelLog
+from spark_cluster.core.parsers.kernel_log import XID_MEANING
 from spark_cluster.core.checks.base import Finding, Fix, NodeContext, NodeFacts, blocker, fix, info, manual, warning
 from spark_cluster.core.checks.driver_load import dkms_failed_for, module_package, refusal, secure_boot_rejected
 

@@ -52,7 +52,7 @@ def check_dkms_build(facts: NodeFacts, ctx: NodeContext | None) -> Iterator[Find
         new = f" (not the running {facts.kernel}: the GPU goes when the node boots it)" \
             if kernel and facts.kernel and kernel != facts.kernel else ""
         read = f"read {failure.make_log} (its first error says why" if failure.make_log else \
-            f"read /var/lib/dkms/nvidia/*/build/make.log (its first error says why"
+            "read /var/lib/dkms/nvidia/*/build/make.log (its first error says why"
         yield blocker(
             "driver.dkms-build-failed", facts.node,
             f"DKMS could not build the NVIDIA module ({module}) for kernel {kernel or '(not named in the output)'}"
