@@ -28,6 +28,8 @@ _ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\
 POLL_S = 1.0
 PG_WAIT_NOTE = "vLLM has waited for its Ray placement group"
 MEMORY_EVERY_S = 2.0
+STALL_PROBE_S = 10.0  # a log this long without a new line: ask whether a rail lost its link
+STALL_PROBE_EVERY_S = 5.0
 
 
 @dataclass
@@ -108,11 +110,14 @@ def _memory(node: Node) -> float | None:
 
 def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None],
            timeout_s: float = 3600.0, silence_s: float = 1800.0,
-           nodes_by_ip: dict[str, str] | None = None, stop: threading.Event | None = None) -> Progress:
+           nodes_by_ip: dict[str, str] | None = None, stop: threading.Event | None = None,
+           rails: dict[str, tuple[str, ...]] | None = None) -> Progress:
     """Poll until ready, failed or timed out; raises ServeError with the diagnosis on failure.
 
     ``stop`` set (the caller's Ctrl-C) ends the follow with KeyboardInterrupt at the next poll:
     a Ctrl-C that lands inside an SSH call is otherwise forwarded to the remote command and lost.
+    ``rails`` (node -> its rails' interfaces) are probed when the log stalls or vLLM fails: a
+    rail without a link is the cause then, named with its node.
     """
     stop = stop or threading.Event()
     head = fleet.node(plan.head.node)
@@ -124,6 +129,12 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
     started = last_growth = time.monotonic()
     last_memory = 0.0
     last_partial = ""
+    last_probe = 0.0
+    stall_probe_s = min(STALL_PROBE_S, silence_s / 2)
+
+    def link_cut() -> None:
+        if rails:
+            _raise_cut_rail(fleet, plan, tracker.state, rails)
 
     def failed() -> ServeError:
         node = _failed_node(text, nodes_by_ip, tracker.state.evidence, plan.head.node)
@@ -162,6 +173,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             # harmless one (usage stats) is followed by the start going on.
             if tracker.state.outcome == "failed" and (
                     tracker.state.cause != "other" or not running(head, plan.head)):
+                link_cut()
                 _raise_worker_failure(fleet, plan)
                 raise failed()
         if state.phase in ("api-server", "ready"):
@@ -177,6 +189,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             tail = head.run(f"tail -n +{lines_done + 1} {log}", timeout=30).stdout
             tracker.feed(tail)
             text.append(tail)
+            link_cut()
             _raise_worker_failure(fleet, plan)
             if tracker.state.outcome == "failed":
                 raise failed()
@@ -190,6 +203,9 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 f"  next step: {next_step}",
                 cause="engine-died", node=plan.head.node, phase=state.phase, evidence=state.last_line,
                 next_step=next_step, log=plan.head.log_path)
+        if now - last_growth > stall_probe_s and now - last_probe >= STALL_PROBE_EVERY_S:
+            last_probe = now
+            link_cut()
         if now - last_growth > silence_s:
             raise _still_running(plan, state, "silent", f"{plan.head.node}: the vLLM log has not grown for "
                                  f"{silence_s:.0f} s (phase {state.phase})")
@@ -287,6 +303,23 @@ def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None, evidence: 
             if node:
                 return node
     return None
+
+
+def _raise_cut_rail(fleet: Fleet, plan: ServePlan, state: State, rails: dict[str, tuple[str, ...]]) -> None:
+    from spark_cluster.ops.rails import cut_rails
+
+    cut = cut_rails(fleet, rails)
+    if not cut:
+        return
+    first = cut[0]
+    also = "".join(f"\n  also: {c.node} {c.interface}: {c.why}" for c in cut[1:])
+    raise ServeError(f"{first.node}: rail {first.interface} has lost its link ({first.why}) during "
+                     f"{state.phase or 'start'}; the ranks cannot reach each other\n"
+                     f"  evidence: {first.evidence}{also}\n"
+                     f"  next step: {first.next_step}\n"
+                     f"  vLLM is left as it is: `spark-cluster down` stops it",
+                     cause="link-down", node=first.node, phase=state.phase, evidence=first.evidence,
+                     next_step=first.next_step, interface=first.interface, log=plan.head.log_path)
 
 
 def _still_running(plan: ServePlan, state: State, cause: str, what: str) -> ServeError:

@@ -207,6 +207,9 @@ def follow(run: Run, reachable: ServePlan) -> Run:
 
     plan, inv = run.plan, run.inventory
     by_ip = {str(spec.link_address): spec.name for spec in inv.nodes}
+    # Workers first: a stalled head is most often waiting on a worker's cut rail.
+    rails = {spec.name: tuple(r.interface for r in spec.link.rails)
+             for spec in sorted(inv.nodes, key=lambda spec: spec.is_head)}
     interrupted = threading.Event()
     # A Ctrl-C that lands inside an SSH call would be forwarded to the remote command and lost:
     # the poll loop looks at this flag instead.
@@ -214,7 +217,8 @@ def follow(run: Run, reachable: ServePlan) -> Run:
     run.emit(events.FollowStart())
     try:
         progress = poll(run.fleet, reachable, lambda p: run.emit(events.FollowProgress(p)), timeout_s=run.timeout_s,
-                        silence_s=run.stalled_after, nodes_by_ip=by_ip, stop=interrupted)
+                        silence_s=run.stalled_after, nodes_by_ip=by_ip, stop=interrupted,
+                        rails=rails)
     except KeyboardInterrupt:
         raise StoppedFollowing(
             f"stopped following; vLLM keeps running on {plan.head.node}\n"
