@@ -55,14 +55,17 @@ def _probe(node: Node, interfaces: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def cut_rails(fleet: Fleet, rails: dict[str, tuple[str, ...]]) -> list[CutRail]:
-    """Every rail, of the nodes reachable now, that has no link (workers first: their cut is
-    the one a head's stall comes from)."""
+    """Every rail, of the nodes reachable now, that has no link; the likeliest origin first: a
+    rail set down or gone (its peer only lost carrier), then in the order of `rails`."""
     found: list[CutRail] = []
-    for name, result in fleet.map(lambda node: _probe(node, rails.get(node.name, ()))).items():
-        if isinstance(result, Exception):
+    results = fleet.map(lambda node: _probe(node, rails.get(node.name, ())))
+    for name in rails:
+        result = results.get(name)
+        if result is None or isinstance(result, Exception):
             continue  # unreachable: another probe says so
         for interface, line in result:
             why = rail_state(line)
             if why:
-                found.append(CutRail(name, interface, why, line or f"{interface}: no such device"))
-    return found
+                # `ip -o` folds the rest of the record after a backslash: the flags line says it.
+                found.append(CutRail(name, interface, why, line.split("\\")[0].strip() or f"{interface}: no such device"))
+    return sorted(found, key=lambda cut: cut.why == "no carrier")
