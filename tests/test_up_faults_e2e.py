@@ -91,3 +91,31 @@ def test_a_rail_cut_on_spark_b_mid_load_names_spark_b_and_the_rail(lab: Path, tm
     assert last["interface"] in last["next_step"] and "spark-b" in last["next_step"]
     assert "has not grown" not in err and f"spark-b: rail {last['interface']} has lost its link" in err, err
     healed_up_serves(lab, slow, "spark-b")
+
+
+def test_spark_b_raylet_killed_mid_load_names_spark_b(lab: Path, tmp_path: Path) -> None:
+    slow = slowed(lab, tmp_path)
+    up = Up(slow, "--restart", "--stalled-after", "40")
+    up.until_weights()
+    killed = on_node(lab, "spark-b", "pkill -KILL -x raylet && echo killed")
+    assert "killed" in killed.stdout, killed.stdout + killed.stderr
+    rc, last, err = up.finish()
+    assert rc == 1, err
+    assert (last["event"], last["node"]) == ("failed", "spark-b"), (last, err[-2000:])
+    assert "spark-b" in last["next_step"] and "ray" in last["next_step"].lower(), last
+    healed_up_serves(lab, slow, "spark-b")
+
+
+def test_spark_b_rebooted_mid_load_is_said(lab: Path, tmp_path: Path) -> None:
+    slow = slowed(lab, tmp_path)
+    up = Up(slow, "--restart", "--stalled-after", "40")
+    up.until_weights()
+    broke = cli("lab", "break", "spark-b", "node-reboot")
+    assert broke.returncode == 0, broke.stderr
+    rc, last, err = up.finish()
+    assert rc == 1, err
+    assert (last["event"], last["node"]) == ("failed", "spark-b"), (last, err[-2000:])
+    assert last["cause"] in ("node-rebooted", "node-unreachable"), last
+    assert "rebooted" in last["error"] or "stopped answering" in last["error"], last
+    assert "spark-b" in last["next_step"] and "--restart" in last["next_step"], last
+    healed_up_serves(lab, slow, "spark-b")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.progress import PHASES, Event, State, Tracker, parse_line, track
+from spark_cluster.ops.node_loss import LostNode, boot_ids, lost_node
 from spark_cluster.ops.readiness import readiness
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.ops.serve import ServeError, _log, running
@@ -131,8 +132,20 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
     last_partial = ""
     last_probe = 0.0
     stall_probe_s = min(STALL_PROBE_S, silence_s / 2)
+    if rails:  # only a rail that had its link at the start can be cut during it
+        from spark_cluster.ops.rails import linked_rails
+
+        rails = linked_rails(fleet, rails)
+
+    # executor ray: the head's log names no node when a worker's Ray goes; the workers say.
+    workers = [n for n in dict.fromkeys((nodes_by_ip or {}).values()) if n != plan.head.node] \
+        if plan.executor == "ray" else []
+    booted = boot_ids(fleet, workers)
 
     def link_cut() -> None:
+        lost = lost_node(fleet, workers, booted, tracker.state.phase)
+        if lost:
+            raise _lost(plan, tracker.state, lost)
         if rails:
             _raise_cut_rail(fleet, plan, tracker.state, rails)
 
@@ -303,6 +316,14 @@ def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None, evidence: 
             if node:
                 return node
     return None
+
+
+def _lost(plan: ServePlan, state: State, lost: LostNode) -> ServeError:
+    evidence = state.evidence or state.last_line or "-"
+    return ServeError(f"{lost.what}\n  evidence: {evidence}\n  next step: {lost.next_step}\n"
+                      f"  log: {plan.head.log_path} on {plan.head.node}",
+                      cause=lost.cause, node=lost.node, phase=state.phase, evidence=evidence,
+                      next_step=lost.next_step, log=plan.head.log_path)
 
 
 def _raise_cut_rail(fleet: Fleet, plan: ServePlan, state: State, rails: dict[str, tuple[str, ...]]) -> None:

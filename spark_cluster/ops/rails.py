@@ -49,9 +49,16 @@ def rail_state(line: str) -> str | None:
 
 
 def _probe(node: Node, interfaces: tuple[str, ...]) -> list[tuple[str, str]]:
-    lines = [f"ip -o link show dev {join(i)} 2>/dev/null | head -n 1 || true; echo" for i in interfaces]
+    # One line per rail, empty where it does not exist: $(...) drops ip's own newline.
+    lines = [f"printf '%s\\n' \"$(ip -o link show dev {join(i)} 2>/dev/null | head -n 1)\"" for i in interfaces]
     out = node.run("; ".join(lines), timeout=15).stdout.split("\n")
     return list(zip(interfaces, (line.strip() for line in out)))
+
+
+def linked_rails(fleet: Fleet, rails: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The rails that have a link now, per node: the ones whose loss later is a fault."""
+    cut = {(c.node, c.interface) for c in cut_rails(fleet, rails)}
+    return {name: tuple(i for i in interfaces if (name, i) not in cut) for name, interfaces in rails.items()}
 
 
 def cut_rails(fleet: Fleet, rails: dict[str, tuple[str, ...]]) -> list[CutRail]:

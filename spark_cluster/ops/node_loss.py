@@ -1,0 +1,56 @@
+"""Which worker node a Ray start lost: rebooted (its boot_id changed), unreachable, or its
+raylet gone. The head's log only says that an actor became unavailable, with no node; `up`
+asks the workers themselves when the start fails or stalls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spark_cluster.transport.remote import Fleet, Node
+
+_PROBE = "cat /proc/sys/kernel/random/boot_id; pgrep -x raylet >/dev/null && echo raylet || echo no-raylet"
+
+
+@dataclass(frozen=True)
+class LostNode:
+    node: str
+    cause: str  # node-rebooted, node-unreachable, ray-node-died
+    what: str
+    next_step: str
+
+
+def _probe(node: Node) -> tuple[str, bool]:
+    words = node.run(_PROBE, timeout=15).stdout.split()
+    return (words[0] if words else "", "raylet" in words)
+
+
+def boot_ids(fleet: Fleet, workers: list[str]) -> dict[str, str]:
+    """Each reachable worker's boot_id now: a later one that differs is a reboot in between."""
+    probed = Fleet([fleet.node(n) for n in workers]).map(_probe) if workers else {}
+    return {name: value[0] for name, value in probed.items() if not isinstance(value, Exception) and value[0]}
+
+
+def lost_node(fleet: Fleet, workers: list[str], booted: dict[str, str], phase: str | None) -> LostNode | None:
+    """The first worker that rebooted, stopped answering or lost its raylet; None when all are whole."""
+    if not workers:
+        return None
+    during = phase or "start"
+    restart = "then `spark-cluster up INVENTORY --restart` (Ray and vLLM start again on every node)"
+    for name, value in Fleet([fleet.node(n) for n in workers]).map(_probe).items():
+        if isinstance(value, Exception):
+            return LostNode(name, "node-unreachable", f"{name} stopped answering over SSH during {during} "
+                            f"({str(value).splitlines()[0] if str(value) else type(value).__name__})",
+                            f"check that {name} is powered and on the network (`spark-cluster exec INVENTORY "
+                            f"--node {name} -- uptime`), {restart}")
+        boot_id, raylet = value
+        if booted.get(name) and boot_id and boot_id != booted[name]:
+            return LostNode(name, "node-rebooted", f"{name} rebooted during {during} (its boot_id changed)",
+                            f"find why {name} rebooted (`journalctl -b -1 -n 50` on {name}; an unattended "
+                            f"upgrade?), {restart}")
+        if not raylet:
+            return LostNode(name, "ray-node-died", f"{name}'s Ray (raylet) died during {during}; the ranks "
+                            "it held are gone", f"read {name}'s Ray log (`spark-cluster logs INVENTORY` and "
+                            f"/tmp/ray/session_latest/logs/raylet.out on {name}; `journalctl -k | grep -i oom`), "
+                            + restart)
+    return None
