@@ -5,10 +5,12 @@ asks the workers themselves when the start fails or stalls.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from spark_cluster.transport.remote import Fleet, Node
 
+BACK_WITHIN_S = 45.0  # a node that drops during a start: how long to wait for it to answer again
 _PROBE = "cat /proc/sys/kernel/random/boot_id; pgrep -x raylet >/dev/null && echo raylet || echo no-raylet"
 
 
@@ -31,7 +33,19 @@ def boot_ids(fleet: Fleet, workers: list[str]) -> dict[str, str]:
     return {name: value[0] for name, value in probed.items() if not isinstance(value, Exception) and value[0]}
 
 
-def lost_node(fleet: Fleet, workers: list[str], booted: dict[str, str], phase: str | None) -> LostNode | None:
+def _back(node: Node, within_s: float) -> tuple[str, bool] | None:
+    """The node's probe once it answers again (a reboot comes back), None if not within the time."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            return _probe(node)
+        except Exception:  # noqa: BLE001 - any failure to reach it means: not back yet
+            time.sleep(2.0)
+    return None
+
+
+def lost_node(fleet: Fleet, workers: list[str], booted: dict[str, str], phase: str | None,
+              back_within_s: float = BACK_WITHIN_S) -> LostNode | None:
     """The first worker that rebooted, stopped answering or lost its raylet; None when all are whole."""
     if not workers:
         return None
@@ -39,13 +53,17 @@ def lost_node(fleet: Fleet, workers: list[str], booted: dict[str, str], phase: s
     restart = "then `spark-cluster up INVENTORY --restart` (Ray and vLLM start again on every node)"
     for name, value in Fleet([fleet.node(n) for n in workers]).map(_probe).items():
         if isinstance(value, Exception):
+            value = _back(fleet.node(name), back_within_s) or value
+        if isinstance(value, Exception):
             return LostNode(name, "node-unreachable", f"{name} stopped answering over SSH during {during} "
+                            f"and not again within {back_within_s:.0f} s "
                             f"({str(value).splitlines()[0] if str(value) else type(value).__name__})",
                             f"check that {name} is powered and on the network (`spark-cluster exec INVENTORY "
                             f"--node {name} -- uptime`), {restart}")
         boot_id, raylet = value
         if booted.get(name) and boot_id and boot_id != booted[name]:
-            return LostNode(name, "node-rebooted", f"{name} rebooted during {during} (its boot_id changed)",
+            return LostNode(name, "node-rebooted", f"{name} rebooted during {during} (its boot_id changed); "
+                            "the ranks it held are gone",
                             f"find why {name} rebooted (`journalctl -b -1 -n 50` on {name}; an unattended "
                             f"upgrade?), {restart}")
         if not raylet:
