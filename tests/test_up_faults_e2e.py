@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -118,3 +119,25 @@ def test_spark_b_rebooted_mid_load_is_said(lab: Path, tmp_path: Path) -> None:
     assert last["cause"] == "node-rebooted" and "spark-b rebooted during weights" in last["error"], last
     assert "spark-b" in last["next_step"] and "--restart" in last["next_step"], last
     healed_up_serves(lab, slow, "spark-b")
+
+
+def test_ctrl_c_mid_load_ends_interrupted_and_a_rerun_follows_to_ready(lab: Path, tmp_path: Path) -> None:
+    slow = slowed(lab, tmp_path)
+    up = Up(slow, "--restart")
+    up.until_weights()
+    up.proc.send_signal(signal.SIGINT)
+    rc, last, err = up.finish(timeout_s=30)
+    assert rc == 1, err
+    assert (last["event"], last["node"], last["phase"]) == ("interrupted", "spark-a", "weights"), last
+    assert f"spark-cluster up {slow}` follows it again" in last["next_step"] and "`down` stops it" in last["next_step"]
+    assert "Traceback" not in err
+    assert json.loads(cli("status", str(slow), "--json").stdout)["vllm"]["started"] is True  # left running
+    again = cli("up", str(slow), "--json", timeout=240)
+    assert again.returncode == 0, again.stderr[-2000:]
+    events = [json.loads(line) for line in again.stdout.splitlines()]
+    assert events[-1]["event"] == "ready"
+    # Not started again: the start the Ctrl-C left is followed (or, done by now, reused).
+    assert "still starting on spark-a: following it" in again.stderr or "already serves" in again.stderr.lower() \
+        or "reused" in again.stderr.lower(), again.stderr[-2000:]
+    assert cli("down", str(slow)).returncode == 0
+    assert json.loads(cli("status", str(slow), "--json").stdout)["vllm"]["started"] is False

@@ -16,7 +16,14 @@ class UsageError(SparkClusterError, ValueError):
 
 
 class StoppedFollowing(SparkClusterError):
-    """Ctrl-C while following a start: this tool stops, what it started keeps running."""
+    """Ctrl-C while following a start: this tool stops, what it started keeps running.
+
+    `details` (node, phase, next_step) go into `up --json`'s closing `interrupted` event.
+    """
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
 
 
 class LabError(SparkClusterError, RuntimeError):

@@ -215,15 +215,22 @@ def follow(run: Run, reachable: ServePlan) -> Run:
     # the poll loop looks at this flag instead.
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     run.emit(events.FollowStart())
+    seen: list[Progress] = []
+
+    def shown(progress: Progress) -> None:
+        seen[:] = [progress]
+        run.emit(events.FollowProgress(progress))
     try:
-        progress = poll(run.fleet, reachable, lambda p: run.emit(events.FollowProgress(p)), timeout_s=run.timeout_s,
+        progress = poll(run.fleet, reachable, shown, timeout_s=run.timeout_s,
                         silence_s=run.stalled_after, nodes_by_ip=by_ip, stop=interrupted,
                         rails=rails)
     except KeyboardInterrupt:
-        raise StoppedFollowing(
-            f"stopped following; vLLM keeps running on {plan.head.node}\n"
-            f"  hint: `spark-cluster up {run.hint_path}` follows it again; `logs -f` shows its log, "
-            "`down` stops it") from None
+        next_step = (f"`spark-cluster up {run.hint_path}` follows it again; `logs -f` shows its log, "
+                     "`down` stops it")
+        phase = seen[0].state.phase if seen else None
+        raise StoppedFollowing(f"stopped following; vLLM keeps running on {plan.head.node}\n  hint: {next_step}",
+                               node=plan.head.node, phase=phase, next_step=next_step,
+                               log=plan.head.log_path) from None
     finally:
         signal.signal(signal.SIGINT, previous)
         run.emit(events.FollowEnd())

@@ -78,7 +78,7 @@ class JsonLines:
         global console
         # The stream ends with why it ended, not with silence.
         if isinstance(exc, StoppedFollowing):
-            self.emit("interrupted", message=str(exc))
+            self.emit("interrupted", message=str(exc), **exc.details)
         elif isinstance(exc, SparkClusterError):
             self.emit("failed", error=str(exc).splitlines()[0], message=str(exc),
                       **getattr(exc, "details", {}))
