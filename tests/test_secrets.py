@@ -119,3 +119,27 @@ def test_every_test_docs_security_names_exists() -> None:
     for path, name in named:
         source = (REPO / path).read_text()
         assert not name or re.search(rf"^def {name}\(", source, re.M), f"{path}::{name}"
+
+
+@pytest.mark.parametrize("base", [LAB, SIM], ids=["container", "host"])
+def test_linktest_allgather_carries_secrets_on_stdin_only(base) -> None:  # type: ignore[no-untyped-def]
+    from spark_cluster.ops.linktest import _runtime_command, allgather_stdin
+
+    env = {"HF_TOKEN": SECRET, "VLLM_API_KEY": "k-" + SECRET, "NCCL_DEBUG": "INFO"}
+    line = _runtime_command(base, env, ["--rank", "0"])
+    assert SECRET not in line and "IFS= read -r HF_TOKEN && export HF_TOKEN" in line
+    assert "NCCL_DEBUG=INFO" in line
+    assert allgather_stdin(env) == f"{SECRET}\nk-{SECRET}\n"
+    assert allgather_stdin({"NCCL_DEBUG": "INFO"}) is None
+
+
+def test_linktest_timeout_message_carries_no_secret() -> None:
+    from spark_cluster.core.errors import SparkClusterError
+    from spark_cluster.ops.linktest import _runtime_command, allgather_stdin
+    from spark_cluster.transport.remote import LocalNode
+
+    env = {"HF_TOKEN": SECRET}
+    line = _runtime_command(SIM, env, []).split("env ", 1)[0] + "sleep 5"
+    with pytest.raises(SparkClusterError) as caught:
+        LocalNode("here").run(line, timeout=0.5, stdin=allgather_stdin(env))
+    assert "timeout" in str(caught.value) and SECRET not in str(caught.value)

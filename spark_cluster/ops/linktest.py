@@ -21,6 +21,7 @@ from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.nccl_log import parse_nccl
 from spark_cluster.core.ray_plan import container_name, node_env
+from spark_cluster.core.secrets import exports, split, stdin_lines
 from spark_cluster.core.report_data import finding_dict
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.shell import join, remote_path
@@ -127,14 +128,26 @@ def _tcp(fleet: Fleet, path: RailPath, streams: int, seconds: float) -> dict:
 
 
 def _runtime_command(inventory: Inventory, env: dict[str, str], args: list[str]) -> str:
-    """The all-gather inside the cluster's runtime: its host Python, or its container's."""
+    """The all-gather inside the cluster's runtime: its host Python, or its container's.
+    Secrets (HF_TOKEN, API keys) are not on this line: the shell that starts the all-gather
+    reads them from stdin (`allgather_stdin`) and exports them, so neither `ps` nor a
+    timeout's message can show them."""
     cluster = inventory.cluster
-    assignments = [f"{key}={value}" for key, value in env.items()]
+    public, secret = split(env)
+    assignments = [f"{key}={value}" for key, value in public.items()]
+    reads = exports(list(secret))
     if cluster.runtime == "container":
-        return join("docker", "exec", *(w for a in assignments for w in ("-e", a)), container_name(inventory),
-                    *words("allgather", *args))
+        # `-e NAME` without a value: docker passes the exported value on, off its command line.
+        flags = [w for a in [*assignments, *secret] for w in ("-e", a)]
+        return reads + join("docker", "exec", *flags, container_name(inventory), *words("allgather", *args))
     python = remote_path(cluster.python) if cluster.python else PYTHON
-    return join("env", *assignments, *words("allgather", *args, python=python))
+    return reads + join("env", *assignments, *words("allgather", *args, python=python))
+
+
+def allgather_stdin(env: dict[str, str]) -> str | None:
+    """What `_runtime_command` reads: the secret values, one a line (None if there is none)."""
+    secret = split(env)[1]
+    return stdin_lines(secret) if secret else None
 
 
 def allgather(inventory: Inventory, fleet: Fleet, timeout_s: float = 300.0) -> dict:
@@ -147,7 +160,8 @@ def allgather(inventory: Inventory, fleet: Fleet, timeout_s: float = 300.0) -> d
         env = {**node_env(inventory, spec), "NCCL_DEBUG": "INFO"}
         args = ["--rank", str(ranks.index(spec)), "--world", str(len(ranks)), "--master", master,
                 "--port", str(port), "--timeout", str(int(timeout_s / 2))]
-        result = fleet.node(spec.name).run(_runtime_command(inventory, env, args), timeout=timeout_s)
+        result = fleet.node(spec.name).run(_runtime_command(inventory, env, args), timeout=timeout_s,
+                                           stdin=allgather_stdin(env))
         return result.stdout, result.stderr, result.exit_code
 
     done = Fleet([fleet.node(s.name) for s in ranks]).map(lambda node: one(inventory.node(node.name)))
