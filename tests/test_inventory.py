@@ -459,3 +459,17 @@ def test_load_inventory_reads_a_file(tmp_path: Path) -> None:
     inv = load_inventory(path)
     assert isinstance(inv, Inventory) and inv.path == path
     assert inv.nodes[1].identity == str(tmp_path / "keys" / "b")
+
+
+@pytest.mark.parametrize("args", ["  args: {served-model-name: $VLLM_API_KEY}",
+                                  '  args: ["--served-model-name", "x${HF_TOKEN}"]',
+                                  "  args: {cuda-graph-sizes: [1, $N]}"])
+def test_a_dollar_in_model_args_is_refused_at_its_line(args: str) -> None:
+    (problem,) = problems_of(variant(l33=args))
+    assert problem.line == 33 and "holds a `$`" in problem.message and "never in model.args" in problem.hint
+    assert "VLLM_API_KEY" not in problem.message and "HF_TOKEN" not in problem.message
+
+
+def test_a_dollar_in_a_cluster_env_value_is_kept() -> None:
+    inv = parse_inventory(variant(l6="  env: {DB_PASSWORD: 'pa$$word'}"), "x.yaml")
+    assert inv.cluster.env["DB_PASSWORD"] == "pa$$word"

@@ -309,3 +309,15 @@ def test_host_in_model_args_is_refused_for_listen() -> None:
 def test_idle_spark_warning_is_in_the_dry_run() -> None:
     plan = serve_plan(with_model(LAB, recipe=None, name="Qwen/Qwen3-30B-A3B", args=("--tensor-parallel-size", "1")))
     assert "# warning: tensor x pipeline parallel is 1: 1 of 2 Sparks stay idle" in plan.render()
+
+
+def test_every_arg_word_reaches_the_node_quoted() -> None:
+    """A `$NAME` word (one that got past the inventory) is passed as written, never expanded."""
+    from spark_cluster.core.serve_plan import serve_plan
+
+    inv = load_inventory(Path(__file__).resolve().parents[1] / "inventories" / "sim.yaml")
+    model = dataclasses.replace(inv.model, args=("--served-model-name", "$VLLM_API_KEY", "--max-model-len", "`id`"))
+    for command in serve_plan(dataclasses.replace(inv, model=model)).commands:
+        line = start_command(command)
+        assert shlex.quote("$VLLM_API_KEY") in line and '"$VLLM_API_KEY"' not in line
+        assert shlex.quote("`id`") in line

@@ -51,8 +51,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 class NodeCommand:
     """One process to start on one node: ``argv`` in ``env``, output appended to ``log_path``.
 
-    ``argv`` may hold ``"$VAR"`` words (see ``ServePlan.secret_env``): the shell that runs the
-    command expands them; they are never replaced in the plan.
+    Every ``argv`` word reaches the node quoted: a ``$NAME`` there would be expanded after the
+    API key is exported, and so put the key on vLLM's argv.
     """
 
     node: str
@@ -362,8 +362,6 @@ def _url_host(address: str) -> str:
 
 
 def _shell_word(word: str) -> str:
-    if word.startswith("$") and _ENV_NAME.fullmatch(word[1:]):
-        return f'"{word}"'  # a reference the node's shell expands: never the secret itself
     if word == "~" or word.startswith("~/"):
         return remote_path(word)  # cluster.python: ~ is the node's home, as in Ray's line
     return shell.word(word)

@@ -198,6 +198,15 @@ def _word(c: Checker, value: object, path: YamlPath) -> str | None:
     return c.text(value, path, WORD)
 
 
+def _arg_word(c: Checker, value: object, path: YamlPath) -> str | None:
+    """A word of model.args. `$` is refused: no vLLM flag value needs it, and a `$NAME` there
+    would be a way to put a secret of the node's environment (the API key) on vLLM's argv."""
+    word = _word(c, value, path)
+    if word is not None and "$" in word:
+        c.report(path, f"{where(path)} holds a `$`: model.args are passed to vLLM as written, never expanded",
+                 "write the value itself; a secret goes in cluster.env or model.api_key_env, never in model.args")
+        return None
+    return word
 
 def _parse_model(c: Checker, value: object, path: YamlPath) -> ModelSpec | None:
     fields: dict[str, tuple[Reader, object]] = {
@@ -241,7 +250,7 @@ def _parse_args(c: Checker, value: object, path: YamlPath) -> tuple[str, ...] | 
     start = c.failures
     words: list[str | None] = []
     if isinstance(value, list):
-        words = [_word(c, item, path + (i,)) for i, item in enumerate(value)]
+        words = [_arg_word(c, item, path + (i,)) for i, item in enumerate(value)]
     elif isinstance(value, dict):
         for key, arg in value.items():
             words += _flag_words(c, key, arg, path + (key,))
@@ -262,11 +271,11 @@ def _flag_words(c: Checker, key: str, value: object, path: YamlPath) -> list[str
         c.report(path, f"flag {key!r} has no value", "write true to pass the flag alone, or false to leave it out")
         return []
     if isinstance(value, list):
-        return [flag] + [_word(c, item, path + (i,)) for i, item in enumerate(value)]
+        return [flag] + [_arg_word(c, item, path + (i,)) for i, item in enumerate(value)]
     if isinstance(value, dict):
         try:  # vLLM takes JSON for its config flags (--compilation-config, --speculative-config)
             return [flag, json.dumps(value, allow_nan=False, separators=(",", ":"))]
         except ValueError:
             c.report(path, f"flag {key!r} holds .nan or .inf, which JSON cannot carry")
             return []
-    return [flag, _word(c, value, path)]
+    return [flag, _arg_word(c, value, path)]
