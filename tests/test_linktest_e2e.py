@@ -64,3 +64,37 @@ def test_each_link_fault_is_named_with_its_fix(lab: Path, fault: str, expected: 
         assert ("spark-a", "enp1s0f1np1", "spark-b enP2p1s0f1np1") in crossed
     code, data = linktest(lab, "--no-allgather")
     assert (code, data["findings"]) == (0, [])
+
+
+# Joined only in Python: no command line of this test holds the whole value.
+TOKEN_HEAD, TOKEN_TAIL = "hf_link", "Z9q4w7e1r5t8y2u6"
+
+
+def test_no_secret_on_any_command_line_while_linktest_runs(lab: Path, tmp_path: Path) -> None:
+    import re
+    import threading
+    import time
+
+    from lab_cli import on_node
+
+    token = TOKEN_HEAD + TOKEN_TAIL
+    text = re.sub(r"(?m)^  env: \{", f"  env: {{HF_TOKEN: '{token}', ", lab.read_text(), count=1)
+    assert token in text, "the lab inventory has no flow-mapping cluster.env to add a token to"
+    inventory = tmp_path / "token.yaml"
+    inventory.write_text(text)
+    ran: dict = {}
+    runner = threading.Thread(target=lambda: ran.update(out=cli("linktest", str(inventory), "--json", timeout=400)))
+    runner.start()
+    seen, polls, deadline = [], 0, time.monotonic() + 420
+    while runner.is_alive() and time.monotonic() < deadline:
+        for node in ("spark-a", "spark-b"):
+            found = on_node(inventory, node, f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; '
+                                             'ps -eo args | grep -F -e "$t" | grep -v grep; echo end')
+            assert found.returncode == 0 and "end" in found.stdout, found.stdout + found.stderr
+            seen += [line for line in found.stdout.splitlines() if token in line]
+            polls += 1
+    runner.join(timeout=max(1.0, deadline - time.monotonic()))
+    done = ran["out"]
+    assert polls >= 2 and seen == [], seen
+    assert done.returncode == 0 and token not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert json.loads(done.stdout)["ok"] is True
