@@ -282,3 +282,15 @@ def test_an_inventory_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     done, seconds, _ = _cli("validate", str(fifo), timeout=20)
     assert done.returncode == 2 and "not a regular file" in done.stderr and seconds < 10
+
+
+@pytest.mark.parametrize("paste", [
+    "$ nvidia-smi\n" + " " * 50_000 + "x\n",            # was 2.1 s
+    "$ nvidia-smi\n" + ("\t " * 5_000 + "x\n") * 50,     # was 6.3 s
+], ids=["one-blank-run", "many-blank-lines"])
+def test_long_blank_runs_under_a_prompt_take_linear_time(paste: str) -> None:
+    from spark_cluster.core.host_paste import diagnose_host_output
+
+    started = time.monotonic()
+    diagnose_host_output(paste)
+    assert time.monotonic() - started < 0.5
