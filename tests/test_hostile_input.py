@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -157,25 +156,27 @@ def test_json_has_no_infinity() -> None:
     assert json.loads(out) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
 
 
+# Runs the CLI and, as it exits, writes the peak resident memory of its own address space (VmHWM).
+# Not ru_maxrss: Linux carries the forking parent's high-water mark across exec, so every child of a
+# large pytest process would report pytest's size.
+_PEAK = ("import atexit, os, runpy\n"
+         "def peak():\n"
+         "    with open('/proc/self/status') as s, open(os.environ['PEAK_FILE'], 'w') as out:\n"
+         "        out.write(next(l.split()[1] for l in s if l.startswith('VmHWM:')))\n"
+         "atexit.register(peak)\n"
+         "runpy.run_module('spark_cluster', run_name='__main__')\n")
+
+
 def _cli(*args: str, timeout: float = 30) -> tuple[subprocess.CompletedProcess[str], float, float]:
-    """Run the CLI; its exit, the seconds it took and its own peak memory in MiB (wait4's rusage
-    is the child's alone: RUSAGE_CHILDREN would be the largest of every child the suite ran)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    """Run the CLI; its exit, the seconds it took and its own peak memory in MiB."""
+    with tempfile.TemporaryDirectory() as tmp:
+        peak_file = Path(tmp) / "peak"
         started = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", *args], stdout=out, stderr=err, text=True)
-        timer = threading.Timer(timeout, proc.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
+        done = subprocess.run([sys.executable, "-c", _PEAK, *args], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "PEAK_FILE": str(peak_file)})
         seconds = time.monotonic() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        assert proc.returncode != -9, f"{args} ran past {timeout} s"
-        out.seek(0)
-        err.seek(0)
-        done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
-    return done, seconds, usage.ru_maxrss / 1024
+        peak_kib = int(peak_file.read_text()) if peak_file.exists() else 0
+    return done, seconds, peak_kib / 1024
 
 
 def test_a_fifo_or_a_device_as_log_is_refused_at_once(tmp_path: Path) -> None:
