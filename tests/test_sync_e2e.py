@@ -67,8 +67,11 @@ def test_interrupted_sync_resumes(lab: Path) -> None:
     assert on_node(lab, "spark-b", f"rm -r {MODEL}/blobs").returncode == 0
     # 4 Mbit/s: the 24 MB of shards take about 50 s, long enough to be interrupted halfway even
     # when a loaded machine makes each look at the node slow.
+    # SIGINT back to its default in the child: an ignored SIGINT (a test before this one, or a
+    # background shell) would be inherited across exec, and Python would never raise Ctrl-C.
     proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", "sync", str(lab), "--max-mbps", "4"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:
         done = on_node(lab, "spark-b", f"ls {MODEL}/blobs | grep -vc sync-partial || true")
