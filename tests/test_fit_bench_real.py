@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 import sys
-import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,36 +16,15 @@ from lab_cli import LAB_MARKS, REPO, cli
 from test_real_vllm_e2e import HEAD, MODEL, check_passes, real  # noqa: F401 - the module's lab fixture
 
 from spark_cluster_lab import engine
-from spark_cluster_lab.checkpoint import REPO as LAB_REPO, REVISION
+from spark_cluster_lab.checkpoint import REPO as LAB_REPO
+from spark_cluster_lab.checkpoint import REVISION
+from spark_cluster_lab.ready_timing import time_up
 
 pytestmark = [*LAB_MARKS, pytest.mark.real_vllm,
               pytest.mark.skipif(engine.real_missing() is not None,
                                  reason=f"the real vLLM engine cannot run: {engine.real_missing()}")]
 
 SNAPSHOT = f"/home/nvidia/.cache/huggingface/hub/models--{LAB_REPO.replace('/', '--')}/snapshots/{REVISION}"
-# Waits on the head for the next `Application startup complete.` in vLLM's log (a new file when
-# `up` rotates it) and prints when it was written, on the clock this machine shares with the lab.
-WATCH = r"""
-import os, sys, time
-path, deadline = os.path.expanduser(sys.argv[1]), time.time() + float(sys.argv[2])
-def inode():
-    try: return os.stat(path).st_ino
-    except OSError: return None
-first, f, seen = inode(), None, None
-while time.time() < deadline:
-    now = inode()
-    if f is None or now != seen:
-        if now is None: time.sleep(0.02); continue
-        f, seen = open(path), now
-        if now == first: f.seek(0, 2)
-    line = f.readline()
-    if not line: time.sleep(0.02); continue
-    if "Application startup complete." in line:
-        print("STARTUP %r" % time.time()); sys.exit(0)
-sys.exit(1)
-"""
-
-
 def on_head(inventory: Path, command: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return cli("exec", str(inventory), "--node", "spark-a", "--", command, timeout=timeout)
 
@@ -68,60 +43,17 @@ def test_fit_on_the_real_engine_inventory_matches_what_the_engine_holds(real: Pa
     assert all(abs(predicted / h - 1) < 0.05 for h in held), (predicted, held)
 
 
-def first_answer(deadline_s: float = 400.0) -> float | None:
-    """When the server first answers a one-token chat completion, asked from its first moment on
-    (a refused connection is asked again at once; an answer is waited for however long)."""
-    end = time.time() + deadline_s
-    body = json.dumps({"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}).encode()
-    while time.time() < end:
-        request = urllib.request.Request(f"{HEAD}/v1/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=300) as response:
-                if response.status == 200:
-                    return time.time()
-        except OSError:
-            time.sleep(0.1)
-    return None
-
-
 def test_up_reports_ready_within_5_s_of_the_real_engines_startup_line(real: Path) -> None:  # noqa: F811
     """`up` says ready within 5 s of vLLM's own `Application startup complete.` (read from the
     head's log), its readiness still being /health, /v1/models and one chat answered. A client
     asking from that line on is timed too, so that a failure says whether the engine or `up` was
     late (without TORCH_COMPILE_DISABLE the engine's first answer came 28 s after the line)."""
-    from spark_cluster.core.inventory import load_inventory
-    from spark_cluster.core.serve_plan import serve_plan
-
-    log = serve_plan(load_inventory(real)).head.log_path
     check_passes(real)
-    cli("down", str(real))
-    seen: dict[str, object] = {}
-    watcher = threading.Thread(target=lambda: seen.setdefault("line", on_head(
-        real, f"python3 -c {shlex.quote(WATCH)} {log} 400", timeout=420)))
-    prober = threading.Thread(target=lambda: seen.setdefault("answer", first_answer()))
-    watcher.start()
-    time.sleep(1.0)  # the watcher holds the old log open before `up` rotates it
-    prober.start()
-    up = subprocess.Popen([sys.executable, "-m", "spark_cluster", "up", str(real), "--json"], cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    ready_at = None
-    assert up.stdout is not None
-    for line in up.stdout:
-        event = json.loads(line) if line.startswith("{") else {}
-        if event.get("event") == "ready":
-            ready_at = event["time"]  # when `up` said it, not when this pipe let it through
-    assert up.wait(timeout=60) == 0, up.stderr.read() if up.stderr else ""
-    watcher.join(timeout=60)
-    prober.join(timeout=400)
-    line = seen["line"]
-    assert ready_at is not None and line.returncode == 0 and seen["answer"], seen  # type: ignore[union-attr]
-    startup_at = float(re.search(r"STARTUP ([\d.]+)", line.stdout).group(1))  # type: ignore[union-attr]
-    answer_at = float(seen["answer"])  # type: ignore[arg-type]
-    print(f"after vLLM's Application startup complete.: first answer {answer_at - startup_at:.2f} s, "
-          f"up ready {ready_at - startup_at:.2f} s")
-    assert ready_at - startup_at <= 5.0, (f"up ready {ready_at - startup_at:.2f} s after the startup line; "
-                                          f"the engine's first answer {answer_at - startup_at:.2f} s")
+    timing = time_up(real)
+    print(f"after vLLM's Application startup complete.: first answer {timing.answer_s:.2f} s, "
+          f"up ready {timing.ready_s:.2f} s")
+    assert timing.ready_s <= 5.0, (f"up ready {timing.ready_s:.2f} s after the startup line; "
+                                   f"the engine's first answer {timing.answer_s:.2f} s")
 
 
 def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Path) -> None:  # noqa: F811
