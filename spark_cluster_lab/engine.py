@@ -20,10 +20,11 @@ REAL_ENV = Path(os.environ.get("SPARK_LAB_VLLM_ENV", f"/opt/spark-cluster-lab/vl
 
 # The real engine's environment on every node: vLLM's CPU platform, a KV cache of 1 GiB (its
 # default is 4 GiB per rank, too much beside four other users of a small machine), and no
-# torch.compile at all. `--enforce-eager` keeps the model eager and skips vLLM's warm-up, yet
-# vLLM's module-level `@torch.compile` helpers (the vocab embedding's TP mask, the sampler's
-# ops) still go through Inductor and g++ at the first request, after `Application startup
-# complete.`: 28 s on the lab's two cores before the engine answers anything.
+# torch.compile at all. `--enforce-eager` keeps the model eager and, with the KV cache's size
+# given, the CPU worker skips its warm-up pass; vLLM's module-level `@torch.compile` helpers
+# (the vocab embedding's TP mask, the sampler's ops) then go through Inductor and g++ at the
+# first request, after `Application startup complete.`: 28 s on the lab's two cores before the
+# engine answers anything (bench/ready_after_startup.py).
 REAL_ENV_VARS = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1"}
 # No torch.compile (minutes on two cores, and nothing to learn from it); a context that fits.
 REAL_ARGS = {"max-model-len": 1024, "enforce-eager": True}
