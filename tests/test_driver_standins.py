@@ -84,7 +84,7 @@ def test_apt_mark_holds(node: Node) -> None:
         assert state["packages"]["nvidia-utils-580"]["hold"] is True
 
 
-def test_an_unprivileged_user_reads_no_kernel_log_and_holds_nothing(public_node: Node) -> None:
+def test_an_unprivileged_user_reads_no_kernel_log_and_holds_nothing(public_node: Node) -> None:  # noqa: F811 - the fixture imported above
     assert public_node.run("dmesg", as_nobody=True).returncode == 1  # restricted, as on Ubuntu
     assert public_node.run("journalctl", "-k", "-q", as_nobody=True).stdout == ""
     assert public_node.run("apt-mark", "hold", "nvidia-utils-580", as_nobody=True).returncode == 100

@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from lab_cli import LAB_MARKS, REBOOT_S, cli, fresh_lab, on_node

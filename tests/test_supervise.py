@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 
 from spark_cluster.core.node_sample import parse_probe
 from spark_cluster.core.supervise_policy import (
-    GIVE_UP, OK, RESTART_CLUSTER, RESTART_VLLM, WAIT, NodeSample, Observation, Policy, RestartBudget,
+    OK, RESTART_CLUSTER, RESTART_VLLM, WAIT, NodeSample, Observation, Policy, RestartBudget,
     memory_not_freed, record, render,
 )
 from spark_cluster.core.systemd_unit import quote, render_environment, render_unit

@@ -4,7 +4,6 @@ its /metrics read by promtool and by a real Prometheus answering the dashboard's
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess

@@ -42,7 +42,7 @@ def test_gpt_oss_kernel_choice_per_version(version: str, moe_backend: tuple[str,
     argv = list(plan.head.argv)
     assert (tuple(argv[argv.index("--moe-backend") + 1:][:1]) if "--moe-backend" in argv else None) == moe_backend
     assert plan.head.env.get("VLLM_MXFP4_USE_MARLIN") == variable
-    assert plan.vllm_version == version and plan.render().startswith(f"# recipe gpt-oss-120b spelled for vLLM ")
+    assert plan.vllm_version == version and plan.render().startswith("# recipe gpt-oss-120b spelled for vLLM ")
 
 
 def test_a_dry_run_without_a_version_shows_the_newest_spelling() -> None:

@@ -299,7 +299,7 @@ def _translate(
         )
     if jump is not None:
         prefix, hint = f"cannot reach jump host {jump} ({where})", (
-            f"it is the ProxyJump of the node in ~/.ssh/config: is it up, and its address right?")
+            "it is the ProxyJump of the node in ~/.ssh/config: is it up, and its address right?")
     else:
         prefix, hint = "", ""
     if isinstance(exc, socket.gaierror):
