@@ -1,8 +1,12 @@
-"""Faults injected into the lab while `up` loads the weights: each `up` ends naming the node,
-the cause and the next step; `down` leaves nothing; after `lab heal` a second `up` serves."""
+"""Faults injected into the lab while `up` runs, one or more in each stage (check, weights, ray,
+vLLM's load, its last steps before ready): each `up` ends naming the node, the cause and the next
+step (a Ctrl-C: what keeps running and how to go on); nothing of the cluster is left that `down`
+does not account for; after the fault is healed a second `up` serves. One lab for the module,
+healed between tests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -11,12 +15,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, fresh_lab, on_node  # noqa: F401 - on_node: faults inside a node
+from lab_cli import LAB_MARKS, REPO, cli, fresh_lab, on_node
 
 pytestmark = LAB_MARKS
+
+MODEL = "/home/nvidia/.cache/huggingface/hub/models--spark-lab--tiny-moe"
+SYNC_ALIVE = "pgrep -f 'spark-sync[.](recv|send)[.]pid' || echo none"  # hfsync's text names its pid files
 
 
 @pytest.fixture(scope="module")
@@ -24,60 +32,220 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     yield from fresh_lab(tmp_path_factory)
 
 
-def slowed(lab: Path, tmp_path: Path) -> Path:
+def slowed(lab: Path, tmp_path: Path, compile_s: int = 3, sync: bool = False) -> Path:
     slow = tmp_path / "slow.yaml"  # 0.15 MB/s: a load of about 15 s, time to inject mid-load
     text = lab.read_text()
-    assert "SPARK_LAB_LOAD_MBPS: '0.5'" in text
-    slow.write_text(text.replace("SPARK_LAB_LOAD_MBPS: '0.5'", "SPARK_LAB_LOAD_MBPS: '0.15'"))
+    assert "SPARK_LAB_LOAD_MBPS: '0.5'" in text and "SPARK_LAB_COMPILE_S: '3'" in text
+    text = text.replace("SPARK_LAB_LOAD_MBPS: '0.5'", "SPARK_LAB_LOAD_MBPS: '0.15'")
+    text = text.replace("SPARK_LAB_COMPILE_S: '3'", f"SPARK_LAB_COMPILE_S: '{compile_s}'")
+    if sync:
+        line = "  hf_cache: /home/nvidia/.cache/huggingface\n"
+        assert line in text
+        text = text.replace(line, line + "  sync: true\n")
+    slow.write_text(text)
     return slow
 
 
 class Up:
-    """`up INV --json` as a subprocess, its stdout events read as they come."""
+    """`up INV --json` as a subprocess: its stdout events and its stderr (the human view, with
+    the stage lines `[n] name`) read as they come."""
 
     def __init__(self, inventory: Path, *args: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", "up", str(inventory), "--json", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                      stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.lines: queue.Queue[str] = queue.Queue()
+        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.events: list[dict] = []
-        self.reader = threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout],  # type: ignore[union-attr]
-                                       daemon=True)
-        self.reader.start()
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=self._pump, args=(name, stream), daemon=True)
+                        for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr))]
+        for reader in self.readers:
+            reader.start()
 
-    def until_weights(self, deadline_s: float = 120) -> None:
-        """Until the shard bar has moved: the weights are loading on both nodes."""
-        deadline = time.monotonic() + deadline_s
-        while not any(e.get("event") == "progress" and e.get("phase") == "weights" and (e.get("shards_loaded") or 0) >= 1
-                      for e in self.events):
-            assert time.monotonic() < deadline and self.proc.poll() is None, (self.events[-3:], self.proc.poll())
-            self._read(1)
+    def _pump(self, name: str, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.lines.put((name, line))
 
     def _read(self, timeout: float) -> None:
         try:
-            self.events.append(json.loads(self.lines.get(timeout=timeout)))
+            name, line = self.lines.get(timeout=timeout)
         except queue.Empty:
-            pass
+            return
+        if name == "out":
+            self.events.append(json.loads(line))
+        else:
+            self.err.append(line)
 
-    def finish(self, timeout_s: float = 120) -> tuple[int, dict, str]:
+    def until(self, seen: Callable[[], bool], what: str, deadline_s: float = 180) -> None:
+        deadline = time.monotonic() + deadline_s
+        while not seen():
+            assert time.monotonic() < deadline and self.proc.poll() is None, \
+                (what, self.events[-3:], "".join(self.err)[-2000:], self.proc.poll())
+            self._read(0.5)
+
+    def until_stage(self, name: str) -> None:
+        self.until(lambda: any(f"] {name}  " in line for line in self.err), f"stage {name}")
+
+    def until_weights(self) -> None:
+        """Until the shard bar has moved: the weights are loading on both nodes."""
+        self.until(lambda: any(e.get("event") == "progress" and e.get("phase") == "weights"
+                               and (e.get("shards_loaded") or 0) >= 1 for e in self.events), "the weights loading")
+
+    def until_phase(self, *phases: str) -> None:
+        self.until(lambda: any(e.get("event") == "progress" and e.get("phase") in phases for e in self.events),
+                   f"phase {phases}")
+
+    def until_copying(self) -> None:
+        self.until(lambda: any(e.get("event") == "sync" and e.get("kind") == "progress" and e.get("bytes")
+                               for e in self.events), "the copy under way")
+
+    def finish(self, timeout_s: float = 150) -> tuple[int, dict, str]:
         rc = self.proc.wait(timeout=timeout_s)
-        err = self.proc.stderr.read()  # type: ignore[union-attr]
-        self.reader.join(timeout=10)
+        for reader in self.readers:
+            reader.join(timeout=10)
         while not self.lines.empty():
             self._read(0)
-        return rc, self.events[-1], err
+        return rc, self.events[-1], "".join(self.err)
 
 
-def healed_up_serves(lab: Path, broken: Path, node: str) -> None:
-    """`down` leaves nothing running; after `lab heal` a fresh `up` reaches ready."""
-    assert cli("down", str(broken)).returncode == 0
-    assert json.loads(cli("status", str(broken), "--json").stdout)["vllm"]["started"] is False
-    assert cli("lab", "heal", node).returncode == 0
-    again = cli("up", str(lab), "--json", timeout=240)
-    assert again.returncode == 0, again.stderr[-2000:]
+def ended(up: Up, event: str, node: str, stage: str, timeout_s: float = 150) -> tuple[dict, str]:
+    """`up` exits 1; its last event is `event` naming the node and stage, with a next step."""
+    rc, last, err = up.finish(timeout_s)
+    assert rc == 1, err[-3000:]
+    assert (last["event"], last.get("node"), last.get("stage")) == (event, node, stage), (last, err[-2000:])
+    assert last.get("next_step"), last
+    assert "Traceback" not in err and "internal error" not in err, err[-3000:]
+    return last, err
+
+
+def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
+    """`down` finds and stops what is left (it exits 0 only when nothing of the cluster remains);
+    after `lab heal` a fresh `up` reaches ready, and `down` again."""
+    down = cli("down", str(used))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert json.loads(cli("status", str(used), "--json").stdout)["vllm"]["started"] is False
+    for node in heal:
+        assert cli("lab", "heal", node).returncode == 0
+    again = cli("up", str(used), "--json", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.splitlines()[-1])["event"] == "ready"
-    assert cli("down", str(lab)).returncode == 0
+    assert cli("down", str(used)).returncode == 0
 
+
+def nothing_runs(lab: Path) -> None:
+    for node in ("spark-a", "spark-b"):
+        left = on_node(lab, node, "pgrep -x raylet || pgrep -x gcs_server || pgrep -f vllm_emulator || echo none")
+        assert left.stdout.split()[-1] == "none", (node, left.stdout)
+
+
+def ip_netns(node: str, *command: str) -> None:
+    from spark_cluster_lab import netns
+
+    done = subprocess.run(["ip", "netns", "exec", netns.namespace(node), *command], capture_output=True,
+                          text=True, check=False, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+@contextlib.contextmanager
+def copy_throttled(lab: Path) -> Iterator[None]:
+    """spark-b's copy of the weights removed, and spark-a sending over its rails at 4 Mbit/s:
+    the copy `up` makes takes most of a minute, time to break it halfway."""
+    from spark_cluster_lab import netns
+
+    assert on_node(lab, "spark-b", f"rm -rf {MODEL}/blobs").returncode == 0
+    rails = [rail.interface for rail in netns.RAILS]
+    for rail in rails:
+        ip_netns("spark-a", "tc", "qdisc", "replace", "dev", rail, "root", "tbf", "rate", "4mbit",
+                 "burst", "64kb", "latency", "2s")
+    try:
+        yield
+    finally:
+        for rail in rails:
+            ip_netns("spark-a", "tc", "qdisc", "del", "dev", rail, "root")
+
+
+# --- check -----------------------------------------------------------------------------------
+
+def test_check_with_spark_b_rails_cut_names_spark_b_and_fix(lab: Path, tmp_path: Path) -> None:
+    assert cli("lab", "break", "spark-b", "link-down").returncode == 0
+    up = Up(lab)
+    last, err = ended(up, "failed", "spark-b", "check")
+    assert last["cause"] == "link.down" and "spark-cluster fix" in last["next_step"], last
+    assert "first: spark-b: link.down: enp1s0f1np1 is administratively down on spark-b" in err, err[-2000:]
+    nothing_runs(lab)
+    healed_up_serves(lab, lab, "spark-b")
+
+
+def test_ctrl_c_during_check_starts_nothing(lab: Path) -> None:
+    up = Up(lab)
+    up.until_stage("check")
+    up.proc.send_signal(signal.SIGINT)
+    last, _ = ended(up, "interrupted", "spark-a", "check", timeout_s=60)
+    assert "nothing was started" in last["message"] and f"`spark-cluster up {lab}` starts again" in last["next_step"]
+    nothing_runs(lab)
+    healed_up_serves(lab, lab)
+
+
+# --- weights ---------------------------------------------------------------------------------
+
+def test_disk_filling_during_the_copy_names_spark_b_and_its_disk(lab: Path, tmp_path: Path) -> None:
+    synced = slowed(lab, tmp_path, sync=True)
+    with copy_throttled(lab):
+        up = Up(synced)
+        up.until_copying()
+        assert cli("lab", "break", "spark-b", "disk-full").returncode == 0
+        last, err = ended(up, "failed", "spark-b", "weights")
+    assert last["cause"] == "disk-full" and last["path"] == "/home/nvidia/.cache/huggingface", last
+    assert "spark-b: the disk holding /home/nvidia/.cache/huggingface filled up during the copy" in err
+    assert last["disk"] in last["next_step"] and "again" in last["next_step"], last
+    for node in ("spark-a", "spark-b"):  # neither end of the copy is left running
+        assert on_node(lab, node, SYNC_ALIVE).stdout.split()[-1] == "none", node
+    healed_up_serves(lab, synced, "spark-b")
+
+
+def test_ctrl_c_during_the_copy_keeps_what_arrived_and_up_resumes(lab: Path, tmp_path: Path) -> None:
+    synced = slowed(lab, tmp_path, sync=True)
+    with copy_throttled(lab):
+        up = Up(synced)
+        up.until_copying()
+        up.proc.send_signal(signal.SIGINT)
+        last, _ = ended(up, "interrupted", "spark-b", "weights", timeout_s=60)
+    assert "the copy to spark-b was stopped at both ends; what arrived is kept" in last["message"], last
+    assert "resumes the copy" in last["next_step"]
+    for node in ("spark-a", "spark-b"):
+        assert on_node(lab, node, SYNC_ALIVE).stdout.split()[-1] == "none", node
+    nothing_runs(lab)
+    again = cli("up", str(synced), "--json", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    events = [json.loads(line) for line in again.stdout.splitlines()]
+    plan = next(e for e in events if e["event"] == "sync" and e["kind"] == "plan")
+    assert plan["targets"]["spark-b"]["resumed_chunks"] > 0 or plan["targets"]["spark-b"]["files"] < 11, plan
+    assert events[-1]["event"] == "ready"
+    assert cli("down", str(synced)).returncode == 0
+
+
+# --- ray -------------------------------------------------------------------------------------
+
+def test_ctrl_c_during_rays_start_leaves_it_and_up_goes_on(lab: Path) -> None:
+    up = Up(lab)
+    up.until_stage("ray")
+    up.proc.send_signal(signal.SIGINT)
+    last, _ = ended(up, "interrupted", "spark-a", "ray", timeout_s=90)
+    assert "what Ray started keeps running" in last["message"] and "brings the rest of Ray up" in last["next_step"]
+    healed_up_serves(lab, lab)
+
+
+def test_spark_b_rebooting_as_ray_starts_is_said(lab: Path) -> None:
+    up = Up(lab)
+    up.until_stage("ray")
+    assert cli("lab", "break", "spark-b", "node-reboot").returncode == 0
+    last, _ = ended(up, "failed", "spark-b", "ray", timeout_s=150)
+    assert last["cause"] == "node-rebooted" and "spark-b rebooted during ray" in last["error"], last
+    assert "journalctl -b -1" in last["next_step"] and str(lab) in last["next_step"], last
+    healed_up_serves(lab, lab, "spark-b")
+
+
+# --- vLLM's load -----------------------------------------------------------------------------
 
 def test_a_rail_cut_on_spark_b_mid_load_names_spark_b_and_the_rail(lab: Path, tmp_path: Path) -> None:
     slow = slowed(lab, tmp_path)
@@ -85,10 +253,8 @@ def test_a_rail_cut_on_spark_b_mid_load_names_spark_b_and_the_rail(lab: Path, tm
     up.until_weights()
     broke = cli("lab", "break", "spark-b", "link-down")
     assert broke.returncode == 0, broke.stderr
-    rc, last, err = up.finish()
-    assert rc == 1, err
-    assert (last["event"], last["node"], last["cause"]) == ("failed", "spark-b", "link-down"), last
-    assert last["interface"] in ("enp1s0f1np1", "enP2p1s0f1np1")
+    last, err = ended(up, "failed", "spark-b", "vllm")
+    assert last["cause"] == "link-down" and last["interface"] in ("enp1s0f1np1", "enP2p1s0f1np1")
     assert last["interface"] in last["next_step"] and "spark-b" in last["next_step"]
     assert "has not grown" not in err and f"spark-b: rail {last['interface']} has lost its link" in err, err
     healed_up_serves(lab, slow, "spark-b")
@@ -100,11 +266,21 @@ def test_spark_b_raylet_killed_mid_load_names_spark_b(lab: Path, tmp_path: Path)
     up.until_weights()
     killed = on_node(lab, "spark-b", "pkill -KILL -x raylet && echo killed")
     assert "killed" in killed.stdout, killed.stdout + killed.stderr
-    rc, last, err = up.finish()
-    assert rc == 1, err
-    assert (last["event"], last["node"]) == ("failed", "spark-b"), (last, err[-2000:])
-    assert "spark-b" in last["next_step"] and "ray" in last["next_step"].lower(), last
+    last, _ = ended(up, "failed", "spark-b", "vllm")
+    assert last["cause"] == "ray-node-died" and "raylet" in last["next_step"], last
+    assert f"`spark-cluster up {slow} --restart`" in last["next_step"], last
     healed_up_serves(lab, slow, "spark-b")
+
+
+def test_spark_b_vllm_worker_killed_mid_load_names_spark_b(lab: Path, tmp_path: Path) -> None:
+    slow = slowed(lab, tmp_path)
+    up = Up(slow, "--restart", "--stalled-after", "40")
+    up.until_weights()
+    killed = on_node(lab, "spark-b", "pkill -KILL -f '^ray::RayWorkerProc' && echo killed")
+    assert "killed" in killed.stdout, killed.stdout + killed.stderr
+    last, _ = ended(up, "failed", "spark-b", "vllm")
+    assert last["cause"] == "engine-died" and "a rank on spark-b died" in last["next_step"], last
+    healed_up_serves(lab, slow)
 
 
 def test_spark_b_rebooted_mid_load_is_said(lab: Path, tmp_path: Path) -> None:
@@ -113,12 +289,32 @@ def test_spark_b_rebooted_mid_load_is_said(lab: Path, tmp_path: Path) -> None:
     up.until_weights()
     broke = cli("lab", "break", "spark-b", "node-reboot")
     assert broke.returncode == 0, broke.stderr
-    rc, last, err = up.finish()
-    assert rc == 1, err
-    assert (last["event"], last["node"]) == ("failed", "spark-b"), (last, err[-2000:])
+    last, _ = ended(up, "failed", "spark-b", "vllm")
     assert last["cause"] == "node-rebooted" and "spark-b rebooted during weights" in last["error"], last
     assert "spark-b" in last["next_step"] and "--restart" in last["next_step"], last
     healed_up_serves(lab, slow, "spark-b")
+
+
+def test_controller_ssh_to_spark_a_lost_mid_load_says_vllm_keeps_running(lab: Path, tmp_path: Path) -> None:
+    from spark_cluster_lab import netns
+
+    slow = slowed(lab, tmp_path)
+    up = Up(slow, "--restart", "--stalled-after", "40")
+    up.until_weights()
+    ip_netns("spark-a", "ip", "link", "set", netns.MGMT_IF, "down")
+    try:
+        last, err = ended(up, "failed", "spark-a", "vllm", timeout_s=180)
+    finally:
+        ip_netns("spark-a", "ip", "link", "set", netns.MGMT_IF, "up")
+    assert last["cause"] == "ssh-lost" and "the SSH connection to spark-a was lost during" in last["error"], last
+    assert "spark-a still answers on the link from spark-b: it runs, and so do vLLM and Ray" in err, err[-2000:]
+    assert f"`spark-cluster up {slow}` follows vLLM again" in last["next_step"], last
+    # Back on the network: vLLM kept starting (or serves by now), and a plain `up` takes it over.
+    again = cli("up", str(slow), "--json", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.splitlines()[-1])["event"] == "ready"
+    assert "following it" in again.stderr or "reused" in again.stderr, again.stderr[-2000:]
+    healed_up_serves(lab, slow)
 
 
 def test_ctrl_c_mid_load_ends_interrupted_and_a_rerun_follows_to_ready(lab: Path, tmp_path: Path) -> None:
@@ -126,11 +322,9 @@ def test_ctrl_c_mid_load_ends_interrupted_and_a_rerun_follows_to_ready(lab: Path
     up = Up(slow, "--restart")
     up.until_weights()
     up.proc.send_signal(signal.SIGINT)
-    rc, last, err = up.finish(timeout_s=30)
-    assert rc == 1, err
-    assert (last["event"], last["node"], last["phase"]) == ("interrupted", "spark-a", "weights"), last
+    last, _ = ended(up, "interrupted", "spark-a", "vllm", timeout_s=30)
+    assert last["phase"] == "weights", last
     assert f"spark-cluster up {slow}` follows it again" in last["next_step"] and "`down` stops it" in last["next_step"]
-    assert "Traceback" not in err
     assert json.loads(cli("status", str(slow), "--json").stdout)["vllm"]["started"] is True  # left running
     again = cli("up", str(slow), "--json", timeout=240)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -141,3 +335,18 @@ def test_ctrl_c_mid_load_ends_interrupted_and_a_rerun_follows_to_ready(lab: Path
         or "reused" in again.stderr.lower(), again.stderr[-2000:]
     assert cli("down", str(slow)).returncode == 0
     assert json.loads(cli("status", str(slow), "--json").stdout)["vllm"]["started"] is False
+
+
+# --- the last steps before ready -------------------------------------------------------------
+
+def test_vllm_killed_on_spark_a_after_its_weights_names_spark_a(lab: Path, tmp_path: Path) -> None:
+    slow = slowed(lab, tmp_path, compile_s=20)  # a compile long enough to strike in
+    up = Up(slow, "--restart")
+    up.until_phase("compile", "kv-cache", "cuda-graphs")
+    killed = on_node(lab, "spark-a",
+                     "pkill -KILL -s $(cut -d' ' -f1 ~/.cache/spark-cluster/sim/vllm.pid) && echo killed")
+    assert "killed" in killed.stdout, killed.stdout + killed.stderr
+    last, _ = ended(up, "failed", "spark-a", "vllm")
+    assert last["cause"] == "engine-died" and "journalctl -k" in last["next_step"], last
+    assert last["phase"] in ("compile", "kv-cache", "cuda-graphs"), last
+    healed_up_serves(lab, slow)

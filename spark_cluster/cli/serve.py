@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
+from collections.abc import Iterator
 
 import click
 
@@ -54,10 +58,28 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
 
         if auth_warning(inv):
             ui.warn(auth_warning(inv))
-    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), UpView(inv, as_json) as view:
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), UpView(inv, as_json) as view, \
+            _ctrl_c() as interrupted:
         run_up(Run(inv, fleet, plan, view, until=until, restart=restart, timeout_s=timeout_s,
-                   stalled_after=stalled_after))
+                   stalled_after=stalled_after, interrupted=interrupted))
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """The first Ctrl-C sets the event: `up` stops at its next step and says what keeps running
+    (one landing inside an SSH call would be sent to the remote command and lost); a second
+    one stops it at once."""
+    interrupted = threading.Event()
+
+    def first(*_: object) -> None:
+        interrupted.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @click.command()

@@ -26,6 +26,15 @@ class StoppedFollowing(SparkClusterError):
         self.details = details
 
 
+class StageFailed(SparkClusterError):
+    """A stage of `up` failed for a reason it could name: `details` (stage, node, cause,
+    next_step, and what else the stage knows) go into `up --json`'s closing `failed` event."""
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
+
+
 class LabError(SparkClusterError, RuntimeError):
     """The simulated lab could not be brought up, changed or torn down."""
 

@@ -13,18 +13,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.errors import CommandTimeout, ConnectError, SparkClusterError
 from spark_cluster.core.progress import PHASES, Event, State, Tracker, parse_line, track
-from spark_cluster.ops.node_loss import LostNode, boot_ids, lost_node
-from spark_cluster.ops.readiness import readiness
-from spark_cluster.transport.remote import Fleet, Node
-from spark_cluster.ops.serve import ServeError, _log, running
 from spark_cluster.core.serve_plan import ServePlan
+from spark_cluster.ops.node_loss import SSH_GRACE_S, LostNode, boot_ids, lost_node, ssh_lost
+from spark_cluster.ops.readiness import readiness
+from spark_cluster.ops.serve import ServeError, _log, running
+from spark_cluster.transport.remote import Fleet, Node
 
 # Ray's prefix of a remote actor's line, or the header of a RayTaskError (which names every rank's ip:
 # `ray::RayWorkerProc.load_model() (pid=N, ip=X, actor_id=…)`, how vLLM 0.33's driver learns of a rank's error).
 _IP = re.compile(r"\((?:[\w.<>]+ )?pid=\d+, ip=([\w.:\-]+)[,)]")
 _ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\-]+)?\)")  # any rank's line
+# The `ip:` row of Ray's ActorDiedError (`The actor died unexpectedly ...` then tab-indented
+# class_name, actor_id, pid, namespace, ip): the node whose rank died.
+_DIED_IP = re.compile(r"(?:^|\]|\s)ip: ([\d.]+|[0-9a-fA-F:]+)\s*$")
 
 POLL_S = 1.0
 PG_WAIT_NOTE = "vLLM has waited for its Ray placement group"
@@ -152,82 +155,96 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
     def failed() -> ServeError:
         node = _failed_node(text, nodes_by_ip, tracker.state.evidence, plan.head.node)
         return _diagnosis(plan, tracker.state, node)
+    lost_since: float | None = None
     while True:
-        now = time.monotonic()
-        progress.elapsed = now - started
-        chunk = head.run(f"tail -n +{lines_done + 1} {log}", timeout=30).stdout
-        complete, _, partial = chunk.rpartition("\n")
-        if complete:
-            text.append(complete)
-            for event in tracker.feed(complete + "\n"):
-                _note(progress, event, plan.head.node, nodes_by_ip)
-            lines_done += complete.count("\n") + 1
-            last_growth = now
-        if partial and partial != last_partial:  # a tqdm bar grows without a newline
-            last_growth = now
-        last_partial = partial
-        event = parse_line(partial.split("\r")[-1]) if partial.strip() else None
-        progress.bar = (event.n, event.total) if event and event.kind == "progress" and event.total else None
-        if progress.bar:
-            progress.saw_shards(progress.bar[0])
-        state = tracker.state
-        if now - last_memory >= MEMORY_EVERY_S:
-            last_memory = now
-            _sample_memory(fleet, progress)
-        if state.outcome == "failed":
-            on_progress(progress)
-            # A failure cascades over many lines and ranks: read to the end of the burst.
-            rest, _, _ = _settle(head, log, lines_done).rpartition("\n")
-            if rest:
-                tracker.feed(rest)
-                text.append(rest)
-                lines_done += rest.count("\n") + 1
-            # A bare traceback (no known cause) ends the start only when vLLM ends: a thread's
-            # harmless one (usage stats) is followed by the start going on.
-            if tracker.state.outcome == "failed" and (
-                    tracker.state.cause != "other" or not running(head, plan.head)):
+        try:
+            now = time.monotonic()
+            progress.elapsed = now - started
+            chunk = head.run(f"tail -n +{lines_done + 1} {log}", timeout=30).stdout
+            lost_since = None
+            complete, _, partial = chunk.rpartition("\n")
+            if complete:
+                text.append(complete)
+                for event in tracker.feed(complete + "\n"):
+                    _note(progress, event, plan.head.node, nodes_by_ip)
+                lines_done += complete.count("\n") + 1
+                last_growth = now
+            if partial and partial != last_partial:  # a tqdm bar grows without a newline
+                last_growth = now
+            last_partial = partial
+            event = parse_line(partial.split("\r")[-1]) if partial.strip() else None
+            progress.bar = (event.n, event.total) if event and event.kind == "progress" and event.total else None
+            if progress.bar:
+                progress.saw_shards(progress.bar[0])
+            state = tracker.state
+            if now - last_memory >= MEMORY_EVERY_S:
+                last_memory = now
+                _sample_memory(fleet, progress)
+            if state.outcome == "failed":
+                on_progress(progress)
+                # A failure cascades over many lines and ranks: read to the end of the burst.
+                rest, _, _ = _settle(head, log, lines_done).rpartition("\n")
+                if rest:
+                    tracker.feed(rest)
+                    text.append(rest)
+                    lines_done += rest.count("\n") + 1
+                # A bare traceback (no known cause) ends the start only when vLLM ends: a thread's
+                # harmless one (usage stats) is followed by the start going on.
+                if tracker.state.outcome == "failed" and (
+                        tracker.state.cause != "other" or not running(head, plan.head)):
+                    link_cut()
+                    _raise_worker_failure(fleet, plan)
+                    raise failed()
+            if state.phase in ("api-server", "ready"):
+                problem = readiness(plan)
+                if problem is None:
+                    _sample_memory(fleet, progress)  # what the server holds now that it serves
+                    progress.ready = True
+                    progress.phase_times.setdefault("ready", progress.elapsed)
+                    on_progress(progress)
+                    return progress
+                progress.note = problem
+            if not running(head, plan.head):
+                tail = head.run(f"tail -n +{lines_done + 1} {log}", timeout=30).stdout
+                tracker.feed(tail)
+                text.append(tail)
                 link_cut()
                 _raise_worker_failure(fleet, plan)
-                raise failed()
-        if state.phase in ("api-server", "ready"):
-            problem = readiness(plan)
-            if problem is None:
-                _sample_memory(fleet, progress)  # what the server holds now that it serves
-                progress.ready = True
-                progress.phase_times.setdefault("ready", progress.elapsed)
-                on_progress(progress)
-                return progress
-            progress.note = problem
-        if not running(head, plan.head):
-            tail = head.run(f"tail -n +{lines_done + 1} {log}", timeout=30).stdout
-            tracker.feed(tail)
-            text.append(tail)
-            link_cut()
-            _raise_worker_failure(fleet, plan)
-            if tracker.state.outcome == "failed":
-                raise failed()
-            state = tracker.state
-            next_step = (f"`journalctl -k | grep -i oom` on {plan.head.node}; lower "
-                         "--gpu-memory-utilization or --max-model-len; stop other memory users")
-            raise ServeError(
-                f"{plan.head.node}: vLLM exited with no error line (last phase: "
-                f"{state.phase or 'start'}; last line: {state.last_line or '-'})\n"
-                "  cause: engine-died, most likely the host's OOM killer\n"
-                f"  next step: {next_step}",
-                cause="engine-died", node=plan.head.node, phase=state.phase, evidence=state.last_line,
-                next_step=next_step, log=plan.head.log_path)
-        if now - last_growth > stall_probe_s and now - last_probe >= STALL_PROBE_EVERY_S:
-            last_probe = now
-            link_cut()
-        if now - last_growth > silence_s:
-            raise _still_running(plan, state, "silent", f"{plan.head.node}: the vLLM log has not grown for "
-                                 f"{silence_s:.0f} s (phase {state.phase})")
-        if progress.elapsed > timeout_s:
-            raise _still_running(plan, state, "timeout",
-                                 f"vLLM was not ready after {timeout_s:.0f} s (phase {state.phase})")
-        on_progress(progress)
-        if stop.wait(POLL_S):
-            raise KeyboardInterrupt
+                if tracker.state.outcome == "failed":
+                    raise failed()
+                state = tracker.state
+                next_step = (f"`journalctl -k | grep -i oom` on {plan.head.node}; lower "
+                             "--gpu-memory-utilization or --max-model-len; stop other memory users")
+                raise ServeError(
+                    f"{plan.head.node}: vLLM exited with no error line (last phase: "
+                    f"{state.phase or 'start'}; last line: {state.last_line or '-'})\n"
+                    "  cause: engine-died, most likely the host's OOM killer\n"
+                    f"  next step: {next_step}",
+                    cause="engine-died", node=plan.head.node, phase=state.phase, evidence=state.last_line,
+                    next_step=next_step, log=plan.head.log_path)
+            if now - last_growth > stall_probe_s and now - last_probe >= STALL_PROBE_EVERY_S:
+                last_probe = now
+                link_cut()
+            if now - last_growth > silence_s:
+                raise _still_running(plan, state, "silent", f"{plan.head.node}: the vLLM log has not grown for "
+                                     f"{silence_s:.0f} s (phase {state.phase})")
+            if progress.elapsed > timeout_s:
+                raise _still_running(plan, state, "timeout",
+                                     f"vLLM was not ready after {timeout_s:.0f} s (phase {state.phase})")
+            on_progress(progress)
+            if stop.wait(POLL_S):
+                raise KeyboardInterrupt
+        except (ConnectError, CommandTimeout) as exc:
+            # The head's SSH connection dropped (or hangs): a new one is tried for a while; vLLM
+            # runs detached from it meanwhile.
+            head.close()
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > SSH_GRACE_S:
+                head_ip = next((ip for ip, name in (nodes_by_ip or {}).items() if name == plan.head.node), None)
+                raise _lost(plan, tracker.state, ssh_lost(fleet, plan.head.node, head_ip, workers,
+                                                          tracker.state.phase or "start", str(exc).splitlines()[0]))
+            if stop.wait(2.0):
+                raise KeyboardInterrupt
 
 
 def _note(progress: Progress, event: Event, head: str, nodes_by_ip: dict[str, str] | None) -> None:
@@ -306,11 +323,17 @@ def _settle(head: Node, log: str, lines_done: int, deadline_s: float = 5.0) -> s
 def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None, evidence: str | None,
                  head: str) -> str | None:
     """The node of the evidence when a Ray actor printed it (Ray names the ip of remote actors
-    only: an actor's line without one comes from the head's node), else of the first error
-    line a remote Ray worker printed."""
+    only: an actor's line without one comes from the head's node), else the node of a rank
+    Ray says died (its ActorDiedError's `ip:` row), else of the first error line a remote Ray
+    worker printed."""
     if evidence and _ACTOR.search(evidence):
         return node_of(evidence, nodes_by_ip) or head
-    for line in "\n".join(text).splitlines():
+    lines = "\n".join(text).splitlines()
+    for line in lines:  # a rank whose process died: Ray's ActorDiedError names its node's ip
+        died = _DIED_IP.search(line) if "ip: " in line else None
+        if died and died[1] in (nodes_by_ip or {}):
+            return (nodes_by_ip or {})[died[1]]
+    for line in lines:
         if "ERROR" in line or "Error" in line:
             node = node_of(line, nodes_by_ip)
             if node:
@@ -357,6 +380,10 @@ def _diagnosis(plan: ServePlan, state: State, failed_node: str | None = None,
     evidence = state.evidence or state.last_line or "-"
     node = failed_node or plan.head.node
     next_step = NEXT_STEP.get(cause, "read the log: spark-cluster logs")
+    if cause == "engine-died" and node != plan.head.node:  # a worker's rank went with no error of its own
+        next_step = (f"a rank on {node} died without an error line (killed, or out of memory): "
+                     f"`journalctl -k | grep -i -e oom -e killed` on {node}, then `spark-cluster up INVENTORY "
+                     "--restart`")
     # With Ray a worker's lines reach the head's log; with mp each node has its own.
     log_node = node if log_path else plan.head.node
     log_path = log_path or plan.head.log_path

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spark_cluster.core.errors import SparkClusterError, StoppedFollowing
+from spark_cluster.core.errors import SparkClusterError, StageFailed, StoppedFollowing
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.ops import events
@@ -49,14 +49,37 @@ class Run:
     weights: dict | None = None  # sync's result
     runtime: Any = None  # ray_cluster.UpResult, or the containers started for executor mp
     progress: Progress | None = None  # once vLLM serves
+    # Set by the caller's Ctrl-C (the CLI's `up`): the next event on the main thread raises
+    # KeyboardInterrupt, and the stage that was running says what it leaves running. None:
+    # a Ctrl-C is the caller's own KeyboardInterrupt, untouched (supervise).
+    interrupted: threading.Event | None = None
+    stage_name: str = "check"
+    booted: dict[str, str] = field(default_factory=dict)  # node -> boot_id when `up` began
+
+    def __post_init__(self) -> None:
+        view = self.emit
+
+        def emit(event: events.Event) -> None:
+            view(event)
+            if (self.interrupted is not None and self.interrupted.is_set() and not isinstance(event, _CLOSING)
+                    and threading.current_thread() is threading.main_thread()):
+                raise KeyboardInterrupt
+        self.emit = emit
 
     @property
     def hint_path(self) -> str:
         return str(self.inventory.path)
 
     def begin(self, name: str, detail: str) -> None:
+        if self.interrupted is not None and self.interrupted.is_set():
+            raise KeyboardInterrupt  # before the next stage: it has started nothing
         self.stage += 1
+        self.stage_name = name
         self.emit(events.Stage(self.stage, name, detail))
+
+
+# Events that close what an earlier one opened, or say it is done: a Ctrl-C never cuts them off.
+_CLOSING = (events.FollowEnd, events.RayEnd, events.Ready, events.Done)
 
 
 def check(run: Run) -> Run:
@@ -73,9 +96,14 @@ def check(run: Run) -> Run:
     run.report = report
     if report.blockers:
         run.emit(events.CheckBlocked(report))
-        raise SparkClusterError(
+        first = report.blockers[0]
+        next_step = f"spark-cluster fix {run.hint_path}  (or --dry-run to see what it would do)"
+        raise StageFailed(
             f"check found {len(report.blockers)} blocker(s); nothing was started\n"
-            f"  hint: spark-cluster fix {run.hint_path}  (or --dry-run to see what it would do)")
+            f"  first: {first.node}: {first.id}: {first.message}\n"
+            f"  hint: {next_step}",
+            stage="check", node=first.node, cause=first.id, next_step=next_step,
+            nodes=sorted({f.node for f in report.blockers}), blockers=[f.id for f in report.blockers])
     run.emit(events.Checked(ok=True, seconds=round(report.seconds, 3)))
     if run.plan is not None and run.until == "vllm":
         run.plan = plan_for_installed_vllm(run.inventory, run.plan, report, run.emit)
@@ -104,6 +132,7 @@ def _pull_image(run: Run, nodes: list[str]) -> None:
     from spark_cluster.ops.image_pull import pull_missing
 
     image = run.inventory.cluster.image or ""
+    run.stage_name = "pull"
     run.emit(events.Stage(1, "pull", f"{image} on {', '.join(nodes)} (not there yet)"))
     took = pull_missing(run.fleet, nodes, run.inventory.cluster.name, image,
                         lambda node, line: run.emit(events.PullLine(node, line)))
@@ -176,9 +205,9 @@ def vllm(run: Run) -> Run:
 
 def _launch(run: Run, reachable: ServePlan) -> Run | None:
     """None when a running vLLM of the same launch already serves (reused)."""
+    from spark_cluster.core.serve_plan import launch_diff, launch_record
     from spark_cluster.ops import serve
     from spark_cluster.ops.readiness import readiness
-    from spark_cluster.core.serve_plan import launch_diff, launch_record
 
     plan, fleet = run.plan, run.fleet
     run.begin("vllm", f"{plan.served_model_name} on {plan.head.node}, TP={plan.tensor_parallel_size}")
@@ -210,10 +239,10 @@ def follow(run: Run, reachable: ServePlan) -> Run:
     # Workers first: a stalled head is most often waiting on a worker's cut rail.
     rails = {spec.name: tuple(r.interface for r in spec.link.rails)
              for spec in sorted(inv.nodes, key=lambda spec: spec.is_head)}
-    interrupted = threading.Event()
     # A Ctrl-C that lands inside an SSH call would be forwarded to the remote command and lost:
-    # the poll loop looks at this flag instead.
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    # the poll loop looks at this flag instead (the caller's, when it set one for every stage).
+    interrupted = run.interrupted or threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set()) if run.interrupted is None else None
     run.emit(events.FollowStart())
     seen: list[Progress] = []
 
@@ -229,10 +258,11 @@ def follow(run: Run, reachable: ServePlan) -> Run:
                      "`down` stops it")
         phase = seen[0].state.phase if seen else None
         raise StoppedFollowing(f"stopped following; vLLM keeps running on {plan.head.node}\n  hint: {next_step}",
-                               node=plan.head.node, phase=phase, next_step=next_step,
-                               log=plan.head.log_path) from None
+                               node=plan.head.node, stage="vllm", phase=phase, next_step=next_step,
+                               left=f"vLLM keeps running on {plan.head.node}", log=plan.head.log_path) from None
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         run.emit(events.FollowEnd())
     run.progress = progress
     run.emit(events.Ready(plan, progress))
@@ -242,12 +272,51 @@ def follow(run: Run, reachable: ServePlan) -> Run:
 STAGES = (check, stage_weights, runtime, vllm)
 
 
+def _interrupted(run: Run) -> StoppedFollowing:
+    from spark_cluster.ops.up_faults import interrupted
+
+    node = run.inventory.head.name
+    return interrupted(run.stage_name, node, run.hint_path)
+
+
+def _explained(run: Run, exc: SparkClusterError) -> SparkClusterError:
+    """The stage's error with its stage and node; a node that rebooted or stopped answering
+    meanwhile is named as the cause (the error itself is then its evidence)."""
+    from spark_cluster.ops.sync import SyncInterrupted
+    from spark_cluster.ops.up_faults import explained, interrupted, lost_during
+
+    if run.interrupted is None or isinstance(exc, StoppedFollowing):
+        return exc
+    stage = run.stage_name
+    if isinstance(exc, SyncInterrupted):
+        return interrupted(stage, exc.node, run.hint_path)
+    lost = None
+    details = getattr(exc, "details", {}) or {}
+    if stage in ("weights", "ray", "runtime") and "cause" not in details:
+        lost = lost_during(run.fleet, [spec.name for spec in run.inventory.nodes], run.booted, stage)
+    return explained(exc, stage, run.hint_path, lost)
+
+
 def up(run: Run) -> Run:
     """Every stage in order, each on what the one before returned; `until` stops early."""
     last = {"check": check, "ray": runtime, "vllm": vllm}[run.until]
+    if run.interrupted is not None:  # the CLI's `up`: a node that reboots mid-way is said to
+        from spark_cluster.ops.node_loss import boot_ids
+
+        run.booted = boot_ids(run.fleet, [spec.name for spec in run.inventory.nodes])
     current = run
     for stage in STAGES:
-        current = stage(current)
+        try:
+            current = stage(current)
+        except KeyboardInterrupt:
+            if run.interrupted is None:
+                raise
+            raise _interrupted(current) from None
+        except SparkClusterError as exc:
+            said = _explained(current, exc)
+            if said is exc:
+                raise
+            raise said from exc
         if stage is last:
             break
     if run.until != "check":  # `--until check` ends with check's own verdict

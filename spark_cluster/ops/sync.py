@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spark_cluster.core.errors import SparkClusterError, UsageError
-from spark_cluster.core.shell import join, model_dir, remote_path
 from spark_cluster.core.inventory import Inventory
-from spark_cluster.transport.remote import Fleet, Node
+from spark_cluster.core.shell import join, model_dir, remote_path
 from spark_cluster.programs import command as program
+from spark_cluster.transport.remote import Fleet, Node
 
 CHUNK = 32 << 20
 MANIFEST_CACHE = "~/.cache/spark-cluster/hf-manifest.json"
@@ -38,7 +38,23 @@ Emit = Callable[..., None]
 
 
 class SyncError(SparkClusterError):
-    """The sync could not be done; the message names the node and the next step."""
+    """The sync could not be done; the message names the node and the next step (`details`:
+    the same as data, for `up --json`)."""
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class SyncInterrupted(SyncError):
+    """Ctrl-C during a copy: both ends were stopped; what arrived on `node` is kept."""
+
+    def __init__(self, message: str, node: str) -> None:
+        super().__init__(message, node=node)
+        self.node = node
+
+
+DISK_FULL = "No space left on device"  # ENOSPC's strerror, as the receiver reports it
 
 
 @dataclass
@@ -225,8 +241,12 @@ def transfer(inventory: Inventory, fleet: Fleet, plan: SyncPlan, target: TargetP
             emit("progress", node=target.node, bytes=moved, total=total, seconds=round(time.monotonic() - began, 2))
     except KeyboardInterrupt:
         _stop(fleet, plan, target)
-        raise SyncError(f"sync interrupted; the partial copy on {target.node} is kept\n"
-                        "  hint: run it again: it sends only what is missing") from None
+        raise SyncInterrupted(f"sync interrupted; the partial copy on {target.node} is kept\n"
+                              "  hint: run it again: it sends only what is missing", target.node) from None
+    if sender.is_alive():  # the receiver gave up (its disk filled): the sender has no one to send to
+        sender.join(5)
+        if sender.is_alive():
+            _stop(fleet, plan, target)
     sender.join(30)
     seconds = time.monotonic() - began
     got = outcome.get("recv")
@@ -235,6 +255,8 @@ def transfer(inventory: Inventory, fleet: Fleet, plan: SyncPlan, target: TargetP
     if not result.get("complete"):
         why = _last_json(sent).get("errors") if sent is not None and not isinstance(sent, Exception) else None
         why = why or result.get("errors") or [str(got or sent)]
+        if any(DISK_FULL in str(e) for e in result.get("errors") or []):
+            raise disk_full(watcher, target, result.get("bytes", 0), total)
         raise SyncError(f"the copy to {target.node} stopped at {result.get('bytes', 0) / 2**20:.0f} of "
                         f"{total / 2**20:.0f} MiB: {'; '.join(map(str, why))[:400]}\n"
                         "  hint: run sync again: it resumes with the chunks that are missing")
@@ -242,6 +264,28 @@ def transfer(inventory: Inventory, fleet: Fleet, plan: SyncPlan, target: TargetP
     moved = int(result["bytes"])
     return {"bytes": moved, "files": len(target.files), "links": len(target.links), "seconds": round(seconds, 2),
             "rate_mbs": round(moved / seconds / 1e6, 1) if seconds > 0 else None}
+
+
+def disk_full(node: Node, target: TargetPlan, moved: int, total: int) -> SyncError:
+    """The target's disk filled during the copy: which node, which disk (its mount point and
+    what is free there now), and that what arrived is kept."""
+    hf_cache = target.root.rsplit("/hub/", 1)[0]
+    try:
+        df = node.run(join("df", "-P", "-B1", hf_cache), timeout=20).stdout.splitlines()[-1].split()
+        disk, mount, free = df[0], df[5], int(df[3])
+    except (SparkClusterError, IndexError, ValueError):
+        disk, mount, free = "?", hf_cache, None
+    where = f"{mount} ({disk})" if disk != "?" else mount
+    left = f", {free / 2**20:.0f} MiB free now" if free is not None else ""
+    next_step = (f"free space on {target.node}'s {mount} (old models: `hf cache scan`, `hf cache delete`) or "
+                 "point model.hf_cache at a larger disk, then run `up` (or `sync`) again: it sends only what "
+                 "is missing")
+    return SyncError(f"{target.node}: the disk holding {hf_cache} filled up during the copy "
+                     f"({DISK_FULL}) after {moved / 2**20:.0f} of {total / 2**20:.0f} MiB; what arrived is kept\n"
+                     f"  disk: {where}{left}\n"
+                     f"  next step: {next_step}",
+                     node=target.node, cause="disk-full", disk=mount, path=hf_cache, evidence=DISK_FULL,
+                     next_step=next_step)
 
 
 def _set_modes(node: Node, target: TargetPlan) -> None:

@@ -17,6 +17,7 @@ are made last. A receiver killed halfway leaves the partial file and its journal
 run sends only the chunks missing from it.
 """
 
+import errno
 import hashlib
 import hmac
 import json
@@ -65,6 +66,7 @@ def receive(plan):
         journals[i] = open(path + PARTIAL + ".chunks", "a")
         left[i] = set(f["send"])
     finished = threading.Event()
+    full = threading.Event()
     if not any(left.values()):
         finished.set()
 
@@ -129,6 +131,8 @@ def receive(plan):
         except (OSError, EOFError) as exc:
             with lock:
                 state["errors"].append(str(exc))
+                if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+                    full.set()  # no chunk can land any more: stop now, not after idle_s
         finally:
             conn.close()
 
@@ -156,13 +160,16 @@ def receive(plan):
         threading.Thread(target=accept, args=(s,), daemon=True).start()
     last, seen = time.monotonic(), -1
     progress = plan.get("progress")
-    while not finished.wait(0.25):
+    while not finished.wait(0.25) and not full.is_set():
         with lock:
             now_bytes = state["bytes"]
         if progress:
-            with open(progress + ".tmp", "w") as f:
-                json.dump({"bytes": now_bytes, "files": state["done"]}, f)
-            os.replace(progress + ".tmp", progress)
+            try:
+                with open(progress + ".tmp", "w") as f:
+                    json.dump({"bytes": now_bytes, "files": state["done"]}, f)
+                os.replace(progress + ".tmp", progress)
+            except OSError:
+                pass  # a full disk: the chunks' writes say so
         if now_bytes != seen:
             seen, last = now_bytes, time.monotonic()
         elif time.monotonic() - last > plan.get("idle_s", 60):
@@ -198,9 +205,12 @@ def receive(plan):
         except OSError:
             pass
     if progress:
-        with open(progress + ".tmp", "w") as f:
-            json.dump({"bytes": state["bytes"], "files": state["done"]}, f)
-        os.replace(progress + ".tmp", progress)
+        try:
+            with open(progress + ".tmp", "w") as f:
+                json.dump({"bytes": state["bytes"], "files": state["done"]}, f)
+            os.replace(progress + ".tmp", progress)
+        except OSError:
+            pass
     try:
         os.unlink(pid_file)
     except OSError:

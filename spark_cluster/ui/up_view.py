@@ -89,6 +89,8 @@ class UpView:
         if self._sync is None:
             self._sync = ui.SyncView().__enter__()
         self._sync.event(event.kind, **event.data)
+        if event.kind in ("plan", "copy", "progress", "copied"):
+            self.json.emit("sync", kind=event.kind, **event.data)
 
     @__call__.register
     def _weights(self, event: WeightsSynced) -> None:
