@@ -134,7 +134,7 @@ def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
 
 def nothing_runs(lab: Path) -> None:
     for node in ("spark-a", "spark-b"):
-        left = on_node(lab, node, "pgrep -x raylet || pgrep -x gcs_server || pgrep -f vllm_emulator || echo none")
+        left = on_node(lab, node, "pgrep -x raylet || pgrep -x gcs_server || pgrep -f '[v]llm[.]entrypoints' || echo none")
         assert left.stdout.split()[-1] == "none", (node, left.stdout)
 
 
@@ -170,8 +170,9 @@ def test_check_with_spark_b_rails_cut_names_spark_b_and_fix(lab: Path, tmp_path:
     assert cli("lab", "break", "spark-b", "link-down").returncode == 0
     up = Up(lab)
     last, err = ended(up, "failed", "spark-b", "check")
-    assert last["cause"] == "link.down" and "spark-cluster fix" in last["next_step"], last
-    assert "first: spark-b: link.down: enp1s0f1np1 is administratively down on spark-b" in err, err[-2000:]
+    assert "link.down" in last["blockers"] and last["cause"] == last["blockers"][0], last
+    assert "spark-cluster fix" in last["next_step"] and last["nodes"] == ["spark-b"], last
+    assert f"first: spark-b: {last['cause']}: " in err, err[-2000:]
     nothing_runs(lab)
     healed_up_serves(lab, lab, "spark-b")
 
