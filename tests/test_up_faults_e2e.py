@@ -171,7 +171,7 @@ def test_check_with_spark_b_rails_cut_names_spark_b_and_fix(lab: Path, tmp_path:
     up = Up(lab)
     last, err = ended(up, "failed", "spark-b", "check")
     assert "link.down" in last["blockers"] and last["cause"] == last["blockers"][0], last
-    assert "spark-cluster fix" in last["next_step"] and last["nodes"] == ["spark-b"], last
+    assert "spark-cluster fix" in last["next_step"] and "spark-b" in last["nodes"], last
     assert f"first: spark-b: {last['cause']}: " in err, err[-2000:]
     nothing_runs(lab)
     healed_up_serves(lab, lab, "spark-b")
