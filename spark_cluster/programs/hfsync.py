@@ -168,8 +168,11 @@ def receive(plan):
                 with open(progress + ".tmp", "w") as f:
                     json.dump({"bytes": now_bytes, "files": state["done"]}, f)
                 os.replace(progress + ".tmp", progress)
-            except OSError:
-                pass  # a full disk: the chunks' writes say so
+            except OSError:  # a full disk: the chunks' writes say so
+                try:
+                    os.unlink(progress + ".tmp")
+                except OSError:
+                    pass
         if now_bytes != seen:
             seen, last = now_bytes, time.monotonic()
         elif time.monotonic() - last > plan.get("idle_s", 60):
