@@ -167,3 +167,25 @@ def test_a_disk_filled_by_the_copy_names_the_node_and_the_disk() -> None:
     assert "disk: /home (/dev/nvme0n1p2), 64 MiB free now" in str(error)
     assert error.details["cause"] == "disk-full" and error.details["disk"] == "/home"
     assert "spark-b's /home" in error.details["next_step"]  # type: ignore[operator]
+
+
+def test_a_channel_that_never_opens_is_given_up_on_not_waited_for_an_hour(monkeypatch: pytest.MonkeyPatch) -> None:
+    """paramiko waits 3600 s for a channel by default: a head whose interface went down without
+    a reset would hang `up` there (seen: its follow stuck in open_channel)."""
+    import paramiko
+
+    from spark_cluster.transport.ssh_connect import _Connection
+
+    asked: list[float | None] = []
+
+    class Silent:
+        def open_session(self, timeout: float | None = None) -> None:
+            asked.append(timeout)
+            raise paramiko.SSHException("Timeout opening channel.")
+
+    monkeypatch.setattr(_Connection, "open", lambda self: None)
+    connection = _Connection("spark-a")
+    connection.transport = Silent()
+    with pytest.raises(paramiko.SSHException):
+        connection.create_session()
+    assert asked == [_Connection.channel_timeout_s] and 0 < asked[0] <= 30

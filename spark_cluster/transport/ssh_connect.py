@@ -79,7 +79,21 @@ def _host_entry(host: str, port: int) -> str:
 
 
 class _Connection(Connection):
-    """A fabric Connection that also closes the jump host's connection it was opened through."""
+    """A fabric Connection that also closes the jump host's connection it was opened through,
+    and gives up on a channel that does not open."""
+
+    # paramiko waits an hour for a new channel: on a connection whose peer went without a reset
+    # (an interface down, a cable pulled) every later command would hang that long.
+    channel_timeout_s = 20.0
+
+    def create_session(self):  # -> paramiko.Channel
+        self.open()  # a no-op when connected, as fabric's own @opens does
+        channel = self.transport.open_session(timeout=self.channel_timeout_s)
+        if self.forward_agent:
+            from paramiko.agent import AgentRequestHandler
+
+            self._agent_handler = AgentRequestHandler(channel)
+        return channel
 
     def close(self) -> None:
         super().close()
