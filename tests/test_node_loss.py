@@ -47,3 +47,13 @@ def test_a_node_not_back_in_time_is_unreachable() -> None:
                      back_within_s=0.1)
     assert lost and lost.cause == "node-unreachable" and "stopped answering over SSH during start" in lost.what
     assert "no route" in lost.what and "spark-b" in lost.next_step
+
+
+def test_without_ray_no_raylet_is_asked_for_and_a_reboot_is_still_seen() -> None:
+    """Executor mp runs no raylet: its absence is no loss, a changed boot_id still is, and the
+    next step does not send the user to Ray."""
+    assert lost_node(_fleet(spark_b=["b1\nno-raylet\n"]), ["spark-b"], {"spark-b": "b1"}, "weights",
+                     raylet=False) is None
+    lost = lost_node(_fleet(spark_b=["b2\nno-raylet\n"]), ["spark-b"], {"spark-b": "b1"}, "weights", raylet=False)
+    assert lost and (lost.node, lost.cause) == ("spark-b", "node-rebooted")
+    assert "(vLLM starts again on every node)" in lost.next_step and "Ray" not in lost.next_step

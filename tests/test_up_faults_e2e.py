@@ -32,9 +32,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     yield from fresh_lab(tmp_path_factory)
 
 
-def slowed(lab: Path, tmp_path: Path, compile_s: int = 3, sync: bool = False) -> Path:
+def slowed(lab: Path, tmp_path: Path, compile_s: int = 3, sync: bool = False, executor: str = "ray") -> Path:
     slow = tmp_path / "slow.yaml"  # 0.15 MB/s: a load of about 15 s, time to inject mid-load
     text = lab.read_text()
+    assert "  executor: ray\n" in text
+    text = text.replace("  executor: ray\n", f"  executor: {executor}\n")
     assert "SPARK_LAB_LOAD_MBPS: '0.5'" in text and "SPARK_LAB_COMPILE_S: '3'" in text
     text = text.replace("SPARK_LAB_LOAD_MBPS: '0.5'", "SPARK_LAB_LOAD_MBPS: '0.15'")
     text = text.replace("SPARK_LAB_COMPILE_S: '3'", f"SPARK_LAB_COMPILE_S: '{compile_s}'")
@@ -46,6 +48,21 @@ def slowed(lab: Path, tmp_path: Path, compile_s: int = 3, sync: bool = False) ->
     return slow
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_up_left() -> Iterator[None]:
+    """A test that fails before its `up` ends kills it: a later test would find the cluster's
+    lock held."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 class Up:
     """`up INV --json` as a subprocess: its stdout events and its stderr (the human view, with
     the stage lines `[n] name`) read as they come."""
@@ -54,6 +71,7 @@ class Up:
         self.proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", "up", str(inventory), "--json", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                      stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        STARTED.append(self.proc)
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.events: list[dict] = []
         self.err: list[str] = []
@@ -296,6 +314,20 @@ def test_spark_b_rebooted_mid_load_is_said(lab: Path, tmp_path: Path) -> None:
     healed_up_serves(lab, slow, "spark-b")
 
 
+def test_spark_b_rebooted_mid_load_without_ray_is_said(lab: Path, tmp_path: Path) -> None:
+    """Executor mp: no raylet to lose, and the head's log only says its peer went; spark-b's
+    boot_id says why."""
+    mp = slowed(lab, tmp_path, executor="mp")
+    up = Up(mp, "--restart", "--stalled-after", "40")
+    up.until_weights()
+    broke = cli("lab", "break", "spark-b", "node-reboot")
+    assert broke.returncode == 0, broke.stderr
+    last, _ = ended(up, "failed", "spark-b", "vllm")
+    assert last["cause"] == "node-rebooted" and "spark-b rebooted during weights" in last["error"], last
+    assert "vLLM starts again on every node" in last["next_step"] and "Ray" not in last["next_step"], last
+    healed_up_serves(lab, mp, "spark-b")
+
+
 def test_controller_ssh_to_spark_a_lost_mid_load_says_vllm_keeps_running(lab: Path, tmp_path: Path) -> None:
     from spark_cluster_lab import netns
 
@@ -351,3 +383,19 @@ def test_vllm_killed_on_spark_a_after_its_weights_names_spark_a(lab: Path, tmp_p
     assert last["cause"] == "engine-died" and "journalctl -k" in last["next_step"], last
     assert last["phase"] in ("compile", "kv-cache", "cuda-graphs"), last
     healed_up_serves(lab, slow)
+
+
+def test_ctrl_c_in_the_last_steps_leaves_vllm_starting_and_a_rerun_follows_to_ready(lab: Path, tmp_path: Path) -> None:
+    slow = slowed(lab, tmp_path, compile_s=20)
+    up = Up(slow, "--restart")
+    up.until_phase("compile", "kv-cache", "cuda-graphs")
+    up.proc.send_signal(signal.SIGINT)
+    last, _ = ended(up, "interrupted", "spark-a", "vllm", timeout_s=30)
+    assert last["phase"] in ("compile", "kv-cache", "cuda-graphs"), last
+    assert "vLLM keeps running on spark-a" in last["message"] and "`down` stops it" in last["next_step"], last
+    assert json.loads(cli("status", str(slow), "--json").stdout)["vllm"]["started"] is True
+    again = cli("up", str(slow), "--json", timeout=240)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout.splitlines()[-1])["event"] == "ready"
+    assert "following it" in again.stderr or "reused" in again.stderr.lower(), again.stderr[-2000:]
+    assert cli("down", str(slow)).returncode == 0

@@ -140,13 +140,14 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
 
         rails = linked_rails(fleet, rails)
 
-    # executor ray: the head's log names no node when a worker's Ray goes; the workers say.
-    workers = [n for n in dict.fromkeys((nodes_by_ip or {}).values()) if n != plan.head.node] \
-        if plan.executor == "ray" else []
+    # The head's log names no node when a worker reboots or its Ray goes (executor ray): the
+    # workers say, by their boot_id and raylet.
+    workers = [c.node for c in plan.commands if not c.is_head] if plan.executor == "mp" else \
+        [n for n in dict.fromkeys((nodes_by_ip or {}).values()) if n != plan.head.node]
     booted = boot_ids(fleet, workers)
 
     def link_cut() -> None:
-        lost = lost_node(fleet, workers, booted, tracker.state.phase)
+        lost = lost_node(fleet, workers, booted, tracker.state.phase, raylet=plan.executor == "ray")
         if lost:
             raise _lost(plan, tracker.state, lost)
         if rails:

@@ -52,7 +52,8 @@ def lost_node(fleet: Fleet, workers: list[str], booted: dict[str, str], phase: s
     if not workers:
         return None
     during = phase or "start"
-    restart = "then `spark-cluster up INVENTORY --restart` (Ray and vLLM start again on every node)"
+    started = "Ray and vLLM start" if raylet else "vLLM starts"
+    restart = f"then `spark-cluster up INVENTORY --restart` ({started} again on every node)"
     for name, value in Fleet([fleet.node(n) for n in workers]).map(_probe).items():
         if isinstance(value, Exception):
             value = _back(fleet.node(name), back_within_s) or value
