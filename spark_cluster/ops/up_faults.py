@@ -11,6 +11,7 @@ from spark_cluster.core.errors import (
     StageFailed,
     StoppedFollowing,
 )
+from spark_cluster.ops.node_loss import LostNode, lost_node
 from spark_cluster.transport.remote import Fleet
 
 # Per stage: what a Ctrl-C leaves, and how a re-run goes on from there. {node}: the node the
@@ -36,14 +37,14 @@ def interrupted(stage: str, node: str, inventory_path: str) -> StoppedFollowing:
                             node=node, stage=stage, phase=None, next_step=next_step, left=left)
 
 
-def explained(exc: SparkClusterError, stage: str, inventory_path: str, lost: object | None = None) -> SparkClusterError:
+def explained(exc: SparkClusterError, stage: str, inventory_path: str,
+              lost: LostNode | None = None) -> SparkClusterError:
     """`exc` with its stage, the node it names, and the inventory's path in its next step; a
     node found lost (rebooted, unreachable) is the cause instead."""
     if lost is not None:
-        what, node, cause, next_step = lost.what, lost.node, lost.cause, lost.next_step  # type: ignore[attr-defined]
-        next_step = next_step.replace("INVENTORY", inventory_path)
-        return StageFailed(f"{what}\n  evidence: {str(exc).splitlines()[0]}\n  next step: {next_step}",
-                           stage=stage, node=node, cause=cause, next_step=next_step,
+        next_step = lost.next_step.replace("INVENTORY", inventory_path)
+        return StageFailed(f"{lost.what}\n  evidence: {str(exc).splitlines()[0]}\n  next step: {next_step}",
+                           stage=stage, node=lost.node, cause=lost.cause, next_step=next_step,
                            evidence=str(exc).splitlines()[0])
     details = dict(getattr(exc, "details", {}) or {})
     details.setdefault("stage", stage)
@@ -60,9 +61,7 @@ def explained(exc: SparkClusterError, stage: str, inventory_path: str, lost: obj
     return StageFailed(message, **details)
 
 
-def lost_during(fleet: Fleet, nodes: list[str], booted: dict[str, str], stage: str) -> object | None:
+def lost_during(fleet: Fleet, nodes: list[str], booted: dict[str, str], stage: str) -> LostNode | None:
     """The node that rebooted or stopped answering during `stage` (its raylet not asked: during
     Ray's start it may not run yet), None when every node answers with its boot_id unchanged."""
-    from spark_cluster.ops.node_loss import lost_node
-
     return lost_node(fleet, nodes, booted, stage, raylet=False)
