@@ -3,12 +3,14 @@ bandwidth; a pulled cable, a wrong MTU and crossed rails each give their finding
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab
+from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
 
 pytestmark = LAB_MARKS
 
@@ -66,35 +68,54 @@ def test_each_link_fault_is_named_with_its_fix(lab: Path, fault: str, expected: 
     assert (code, data["findings"]) == (0, [])
 
 
-# Joined only in Python: no command line of this test holds the whole value.
+# Joined only in Python and in the nodes' shells: no command line of this test holds the value.
 TOKEN_HEAD, TOKEN_TAIL = "hf_link", "Z9q4w7e1r5t8y2u6"
+NODES = ("spark-a", "spark-b")
+
+
+@contextlib.contextmanager
+def argv_sampled(inventory: Path) -> Iterator[dict[str, dict[str, int]]]:
+    """`ps -eww -o args` every 0.2 s on each node while the block runs; afterwards, per node: the
+    samples, the lines holding the token, and the lines of a `docker exec` of the all-gather (its
+    command line, where `-e NAME=value` would sit)."""
+    found: dict[str, dict[str, int]] = {}
+    sampler = ("d=$HOME/.argv-sample; rm -rf $d; mkdir -p $d; nohup sh -c 'i=0; while [ $i -lt 3000 ] && "
+               "[ ! -e '$d'/stop ]; do ps -eww -o args >> '$d'/ps; echo >> '$d'/ps; sleep 0.2; i=$((i+1)); "
+               "done' > /dev/null 2>&1 < /dev/null & echo started")
+    for node in NODES:
+        started = on_node(inventory, node, sampler)
+        assert "started" in started.stdout, started.stdout + started.stderr
+    try:
+        yield found
+    finally:
+        for node in NODES:
+            done = on_node(inventory, node, f'd=$HOME/.argv-sample; touch $d/stop; sleep 0.5; t={TOKEN_HEAD}; '
+                                            f't="$t"{TOKEN_TAIL}; echo "$(grep -c "^$" $d/ps) '
+                                            '$(grep -cF -e "$t" $d/ps) $(grep -c "docker exec .*[i]nit_process_group" $d/ps)"; '
+                                            'rm -rf $d')
+            samples, secret, exec_lines = done.stdout.split()[-3:]
+            found[node] = {"samples": int(samples), "secret": int(secret), "docker_exec": int(exec_lines)}
 
 
 def test_no_secret_on_any_command_line_while_linktest_runs(lab: Path, tmp_path: Path) -> None:
-    import re
-    import threading
-    import time
-
-    from lab_cli import on_node
-
+    """The container runtime: the `docker exec` client stays on the node's argv for the whole
+    all-gather, so a `-e HF_TOKEN=value` there is what `ps` would show (the host runtime's
+    `env NAME=value python3` replaces itself at once). Sampled while it ran, it holds none."""
     token = TOKEN_HEAD + TOKEN_TAIL
     text = re.sub(r"(?m)^  env: \{", f"  env: {{HF_TOKEN: '{token}', ", lab.read_text(), count=1)
     assert token in text, "the lab inventory has no flow-mapping cluster.env to add a token to"
+    assert "  runtime: host\n" in text
     inventory = tmp_path / "token.yaml"
-    inventory.write_text(text)
-    ran: dict = {}
-    runner = threading.Thread(target=lambda: ran.update(out=cli("linktest", str(inventory), "--json", timeout=400)))
-    runner.start()
-    seen, polls, deadline = [], 0, time.monotonic() + 420
-    while runner.is_alive() and time.monotonic() < deadline:
-        for node in ("spark-a", "spark-b"):
-            found = on_node(inventory, node, f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; '
-                                             'ps -eo args | grep -F -e "$t" | grep -v grep; echo end')
-            assert found.returncode == 0 and "end" in found.stdout, found.stdout + found.stderr
-            seen += [line for line in found.stdout.splitlines() if token in line]
-            polls += 1
-    runner.join(timeout=max(1.0, deadline - time.monotonic()))
-    done = ran["out"]
-    assert polls >= 2 and seen == [], seen
+    inventory.write_text(text.replace("  runtime: host\n", "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n"))
+    started = cli("up", str(inventory), "--until", "ray")  # the containers the all-gather runs in
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        with argv_sampled(inventory) as sampled:
+            done = cli("linktest", str(inventory), "--json", timeout=400)
+    finally:
+        assert cli("down", str(inventory)).returncode == 0
     assert done.returncode == 0 and token not in done.stdout + done.stderr, done.stdout + done.stderr
-    assert json.loads(done.stdout)["ok"] is True
+    data = json.loads(done.stdout)
+    assert data["ok"] is True and data["allgather"]["sizes"], data["allgather"]
+    for node in NODES:  # sampled while the all-gather's `docker exec` ran, and no token was there
+        assert sampled[node]["docker_exec"] > 0 and sampled[node]["secret"] == 0, (node, sampled[node])
