@@ -11,6 +11,7 @@ import json
 import shlex
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import assume, given, settings
@@ -143,3 +144,37 @@ def test_linktest_timeout_message_carries_no_secret() -> None:
     with pytest.raises(SparkClusterError) as caught:
         LocalNode("here").run(line, timeout=0.5, stdin=allgather_stdin(env))
     assert "timeout" in str(caught.value) and SECRET not in str(caught.value)
+
+
+def test_scrub_hides_every_value_the_longest_first() -> None:
+    from spark_cluster.core.secrets import REDACTED, scrub
+
+    text = f"HF_TOKEN={SECRET} key={SECRET}-2 and {SECRET[:4]}"
+    assert scrub(text, [SECRET, SECRET + "-2", ""]) == f"HF_TOKEN={REDACTED} key={REDACTED} and {SECRET[:4]}"
+
+
+def test_a_rank_that_fails_is_said_without_its_command_or_a_secret() -> None:
+    """A timeout names the node and the limit, not the program's text; any other error's
+    first line is cut and scrubbed; what a rank printed is scrubbed before it is parsed."""
+    from spark_cluster.core.errors import CommandTimeout, SparkClusterError
+    from spark_cluster.ops import linktest
+    from spark_cluster.transport.remote import Fleet
+
+    timed_out = CommandTimeout(f"spark-b: `python3 -c '\"\"\"All-gather ...' HF_TOKEN={SECRET}` ran past its 300 s timeout")
+    said = linktest._failure("spark-b", timed_out, 300.0, [SECRET])
+    assert said == "the all-gather on spark-b ran past its 300 s timeout"
+    said = linktest._failure("spark-b", SparkClusterError(f"exit 1: token {SECRET} refused\nmore"), 300.0, [SECRET])
+    assert said == "exit 1: token <redacted> refused"
+
+    class Echoing:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run(self, line: str, timeout: float, stdin: str | None = None) -> SimpleNamespace:
+            return SimpleNamespace(stdout="", stderr=f"HF_TOKEN={SECRET}\nRuntimeError: boom {SECRET}", exit_code=1)
+
+    inventory = dataclasses.replace(SIM, cluster=dataclasses.replace(SIM.cluster, env={**SIM.cluster.env,
+                                                                                         "HF_TOKEN": SECRET}))
+    fleet = Fleet([Echoing(spec.name) for spec in inventory.nodes])  # type: ignore[list-item]
+    result = linktest.allgather(inventory, fleet, timeout_s=10)
+    assert SECRET not in str(result) and result["errors"], result

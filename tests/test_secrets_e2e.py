@@ -60,7 +60,7 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
     ray_token = cli("exec", str(inventory), "--node", "spark-a", "--", f"cat {RAY_TOKEN}").stdout.splitlines()[-1]
     assert len(ray_token) == 43, ray_token
     for node in ("spark-a", "spark-b"):
-        found = cli("exec", str(inventory), "--node", node, "--",
+        found = cli("exec", str(clean), "--node", node, "--",  # the refused inventory reaches no node
                     f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; k={KEY_HEAD}; k="$k"{KEY_TAIL}; r=$(cat {RAY_TOKEN}); '
                     'ps -eo args | grep -F -e "$t" -e "$k" -e "$r" | grep -v grep; '
                     'grep -rlsF --exclude=ray_auth_token -e "$t" -e "$k" -e "$r" ~/.cache/spark-cluster /tmp/ray; '
@@ -98,3 +98,24 @@ def test_image_missing_on_one_node_is_found_and_pulled_as_a_step(lab: Path, tmp_
     assert f"[1] pull  {IMAGE} on spark-b (not there yet)" in up.stdout
     assert f"error: spark-b: docker pull {IMAGE} failed: " in up.stderr and "server misbehaving" in up.stderr
     assert "Traceback" not in up.stderr and "[2] ray" not in up.stdout
+
+
+def test_a_shell_reference_in_model_args_is_refused_before_any_node_sees_it(lab: Path, tmp_path: Path) -> None:
+    """`served-model-name: $VLLM_API_KEY` would put the key on vLLM's argv, in its log and in
+    /v1/models once the node's shell expanded it after exporting the key: refused at its line,
+    nothing started, the key in no output."""
+    key = KEY_HEAD + KEY_TAIL
+    clean = boxed(lab, tmp_path)
+    text = clean.read_text()
+    args = "  args: {served-model-name: $VLLM_API_KEY}"
+    text = text.replace("  api_key_env: SPARK_LAB_API_KEY\n", f"  api_key_env: SPARK_LAB_API_KEY\n{args}\n")
+    inventory = tmp_path / "dollar.yaml"
+    inventory.write_text(text)
+    line = text.splitlines().index(args) + 1
+    refused = cli("up", str(inventory), "--json", env={"SPARK_LAB_API_KEY": key})
+    assert refused.returncode == 2 and f"{inventory}:{line}: model.args" in refused.stderr, refused.stderr
+    assert key not in refused.stdout + refused.stderr and "Traceback" not in refused.stderr
+    for node in ("spark-a", "spark-b"):
+        found = cli("exec", str(clean), "--node", node, "--",  # the refused inventory reaches no node
+                    f'k={KEY_HEAD}; k="$k"{KEY_TAIL}; ps -eo args | grep -v grep | grep -cF -e "$k" -e served-model-name; true')
+        assert found.returncode == 0 and found.stdout.split()[-1] == "0", (node, found.stdout, found.stderr)

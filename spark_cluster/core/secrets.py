@@ -11,7 +11,7 @@ mode-0600 file that the container reads and removes as it starts (`container_fil
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from spark_cluster.core import shell
 
@@ -38,6 +38,15 @@ def split(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
 
 def redacted(env: Mapping[str, str]) -> dict[str, str]:
     return {k: REDACTED if is_secret(k) else v for k, v in env.items()}
+
+
+def scrub(text: str, values: Iterable[str]) -> str:
+    """``text`` with every one of the secret ``values`` replaced by REDACTED: for what a node
+    sends back (a program may print its environment) before it reaches a report or ``--json``."""
+    for value in sorted(set(values), key=len, reverse=True):
+        if value:
+            text = text.replace(value, REDACTED)
+    return text
 
 
 def stdin_lines(values: Mapping[str, str]) -> str:

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spark_cluster.core.checks.base import Finding, blocker, manual, warning
-from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.errors import CommandTimeout, SparkClusterError
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.nccl_log import parse_nccl
 from spark_cluster.core.ray_plan import container_name, node_env
-from spark_cluster.core.secrets import exports, split, stdin_lines
+from spark_cluster.core.secrets import exports, scrub, split, stdin_lines
 from spark_cluster.core.report_data import finding_dict
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.shell import join, remote_path
@@ -150,11 +150,21 @@ def allgather_stdin(env: dict[str, str]) -> str | None:
     return stdin_lines(secret) if secret else None
 
 
+def _failure(node: str, exc: Exception, timeout_s: float, secrets: list[str]) -> str:
+    """One line for a rank that raised: never its command (the program's whole text), never a
+    secret."""
+    if isinstance(exc, CommandTimeout):
+        return f"the all-gather on {node} ran past its {timeout_s:g} s timeout"
+    return scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, secrets)[:400]
+
+
 def allgather(inventory: Inventory, fleet: Fleet, timeout_s: float = 300.0) -> dict:
     """One rank per node (the head is rank 0). Returns sizes, bus bandwidth, NCCL's transport."""
     port = random.randint(29600, 29999)
     ranks = [inventory.head, *inventory.workers]
     master = str(inventory.head.link_address)
+
+    secrets = [v for spec in ranks for v in split(node_env(inventory, spec))[1].values()]
 
     def one(spec: NodeSpec) -> tuple[str, str, int]:
         env = {**node_env(inventory, spec), "NCCL_DEBUG": "INFO"}
@@ -162,7 +172,7 @@ def allgather(inventory: Inventory, fleet: Fleet, timeout_s: float = 300.0) -> d
                 "--port", str(port), "--timeout", str(int(timeout_s / 2))]
         result = fleet.node(spec.name).run(_runtime_command(inventory, env, args), timeout=timeout_s,
                                            stdin=allgather_stdin(env))
-        return result.stdout, result.stderr, result.exit_code
+        return scrub(result.stdout, secrets), scrub(result.stderr, secrets), result.exit_code
 
     done = Fleet([fleet.node(s.name) for s in ranks]).map(lambda node: one(inventory.node(node.name)))
     sizes: list[dict] = []
@@ -172,7 +182,7 @@ def allgather(inventory: Inventory, fleet: Fleet, timeout_s: float = 300.0) -> d
     for spec in ranks:
         outcome = done[spec.name]
         if isinstance(outcome, Exception):
-            errors[spec.name] = str(outcome).splitlines()[0]
+            errors[spec.name] = _failure(spec.name, outcome, timeout_s, secrets)
             continue
         stdout, stderr, code = outcome
         for line in stdout.splitlines():
