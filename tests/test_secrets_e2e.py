@@ -60,7 +60,7 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
     ray_token = cli("exec", str(inventory), "--node", "spark-a", "--", f"cat {RAY_TOKEN}").stdout.splitlines()[-1]
     assert len(ray_token) == 43, ray_token
     for node in ("spark-a", "spark-b"):
-        found = cli("exec", str(clean), "--node", node, "--",  # the refused inventory reaches no node
+        found = cli("exec", str(inventory), "--node", node, "--",
                     f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; k={KEY_HEAD}; k="$k"{KEY_TAIL}; r=$(cat {RAY_TOKEN}); '
                     'ps -eo args | grep -F -e "$t" -e "$k" -e "$r" | grep -v grep; '
                     'grep -rlsF --exclude=ray_auth_token -e "$t" -e "$k" -e "$r" ~/.cache/spark-cluster /tmp/ray; '
@@ -106,6 +106,7 @@ def test_a_shell_reference_in_model_args_is_refused_before_any_node_sees_it(lab:
     nothing started, the key in no output."""
     key = KEY_HEAD + KEY_TAIL
     clean = boxed(lab, tmp_path)
+    assert cli("down", str(clean)).returncode == 0  # whatever an earlier test left: not this test's
     text = clean.read_text()
     args = "  args: {served-model-name: $VLLM_API_KEY}"
     text = text.replace("  api_key_env: SPARK_LAB_API_KEY\n", f"  api_key_env: SPARK_LAB_API_KEY\n{args}\n")
