@@ -99,9 +99,11 @@ def _ping_commands(target: Target) -> dict[str, str]:
         for peer in target.inventory.nodes:
             if peer.name == node.name or r >= len(peer.link.rails):
                 continue
-            # Two tries: one late reply on a busy node is not a broken link.
+            # Two tries: one late reply on a busy node is not a broken link. -w: a peer that
+            # drops the frame makes ping retry on ENOBUFS for over 6 s, past the probe's timeout.
             commands[ping_key(rail.interface, peer.name)] = join(
-                "ping", "-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", size, "-I", rail.interface,
+                "ping", "-c", "2", "-i", "0.2", "-W", "2", "-w", "4", "-M", "do", "-s", size,
+                "-I", rail.interface,
                 str(peer.link.rails[r].address.ip))
     return commands
 
