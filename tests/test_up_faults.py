@@ -189,3 +189,14 @@ def test_a_channel_that_never_opens_is_given_up_on_not_waited_for_an_hour(monkey
     with pytest.raises(paramiko.SSHException):
         connection.create_session()
     assert asked == [_Connection.channel_timeout_s] and 0 < asked[0] <= 30
+
+
+def test_a_progress_write_a_full_disk_refuses_leaves_no_tmp_and_the_last_progress(tmp_path: Path) -> None:
+    from spark_cluster.programs.hfsync import write_progress
+
+    progress = tmp_path / "progress.json"
+    write_progress(str(progress), 10, 1)
+    (tmp_path / "progress.json.tmp").symlink_to("/dev/full")  # every write there is ENOSPC
+    write_progress(str(progress), 20, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["progress.json"]
+    assert progress.read_text() == '{"bytes": 10, "files": 1}'

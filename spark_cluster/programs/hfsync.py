@@ -43,6 +43,20 @@ def recv_exact(conn, n):
     return bytes(data)
 
 
+def write_progress(path, moved, done):
+    """What the controller polls; a write that a full disk refuses leaves no .tmp behind (the
+    chunks' own writes report the full disk)."""
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump({"bytes": moved, "files": done}, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        try:
+            os.unlink(path + ".tmp")
+        except OSError:
+            pass
+
+
 def receive(plan):
     root, chunk = plan["root"], plan["chunk"]
     files = plan["files"]
@@ -164,15 +178,7 @@ def receive(plan):
         with lock:
             now_bytes = state["bytes"]
         if progress:
-            try:
-                with open(progress + ".tmp", "w") as f:
-                    json.dump({"bytes": now_bytes, "files": state["done"]}, f)
-                os.replace(progress + ".tmp", progress)
-            except OSError:  # a full disk: the chunks' writes say so
-                try:
-                    os.unlink(progress + ".tmp")
-                except OSError:
-                    pass
+            write_progress(progress, now_bytes, state["done"])
         if now_bytes != seen:
             seen, last = now_bytes, time.monotonic()
         elif time.monotonic() - last > plan.get("idle_s", 60):
@@ -208,12 +214,7 @@ def receive(plan):
         except OSError:
             pass
     if progress:
-        try:
-            with open(progress + ".tmp", "w") as f:
-                json.dump({"bytes": state["bytes"], "files": state["done"]}, f)
-            os.replace(progress + ".tmp", progress)
-        except OSError:
-            pass
+        write_progress(progress, state["bytes"], state["done"])
     try:
         os.unlink(pid_file)
     except OSError:
