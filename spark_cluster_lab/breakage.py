@@ -85,9 +85,17 @@ def break_node(lab: Lab, name: str, fault: str) -> str:
     elif fault == "auto-upgrade":
         done = f"{name}: unattended-upgrades upgraded the driver under the loaded module"
     elif fault == "disk-full":
+        # A copy under way takes pages while fallocate reserves them, and a fallocate of all
+        # that df called free then fails whole (ENOSPC). So: all but 8 MiB at once, the rest
+        # written until the filesystem refuses, then checked.
+        cache = f"{HOME}/.cache"
         filled = in_node(node, ["sh", "-c",
-                                f"avail=$(df --output=avail -B1 {HOME}/.cache | tail -n 1);"
-                                f" fallocate -l \"$avail\" {FILLER}"])
+                                f"rm -f {FILLER}; avail=$(df --output=avail -B1 {cache} | tail -n 1);"
+                                " if [ \"$avail\" -gt 8388608 ]; then"
+                                f" fallocate -l $((avail - 8388608)) {FILLER} || exit 1; fi;"
+                                f" dd if=/dev/zero of={FILLER} bs=64k oflag=append conv=notrunc 2>/dev/null;"
+                                f" left=$(df --output=avail -B1 {cache} | tail -n 1);"
+                                " [ \"$left\" -lt 1048576 ] || { echo \"still $left bytes free\" >&2; exit 1; }"])
         if filled.returncode != 0:
             raise LabError(f"{name}: could not fill {HOME}/.cache: {filled.stderr.strip()}")
         done = f"{name}: the filesystem of {HOME}/.cache/huggingface is full"
