@@ -61,9 +61,15 @@ def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Pa
     tok/s measured), which neither client should be charged with."""
     warm = cli("bench", str(real), "-c", "2", "--max-tokens", "16", "--json", timeout=300)
     assert warm.returncode == 0, warm.stdout + warm.stderr
-    ours = cli("bench", str(real), "-c", "2", "--max-tokens", "128", "--json", timeout=300)
-    assert ours.returncode == 0, ours.stdout + ours.stderr
-    level = json.loads(ours.stdout)["levels"][0]
+
+    def our_level() -> dict:
+        ours = cli("bench", str(real), "-c", "2", "--max-tokens", "128", "--json", timeout=300)
+        assert ours.returncode == 0, ours.stdout + ours.stderr
+        return json.loads(ours.stdout)["levels"][0]
+
+    # Ours before and after theirs: on a machine shared with other work one run of two requests
+    # drifts by 10 % or more (178 against 156 tok/s once), so theirs is held to the mean of the two.
+    level = our_level()
     prompt_tokens = round(level["avg_prompt_tokens"])
     theirs = on_head(real, (
         f"HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu {engine.real_python()} -m vllm.entrypoints.cli.main bench serve "
@@ -75,6 +81,8 @@ def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Pa
     match = re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", theirs.stdout)
     assert match, theirs.stdout[-3000:]
     vllm_tok_s = float(match.group(1))
-    print(f"output tok/s at concurrency 2: spark-cluster bench {level['aggregate_tok_s']}, "
-          f"vllm bench serve {vllm_tok_s}")
-    assert level["aggregate_tok_s"] == pytest.approx(vllm_tok_s, rel=0.10)
+    after = our_level()
+    ours_tok_s = (level["aggregate_tok_s"] + after["aggregate_tok_s"]) / 2
+    print(f"output tok/s at concurrency 2: spark-cluster bench {level['aggregate_tok_s']} and "
+          f"{after['aggregate_tok_s']} (mean {ours_tok_s:.2f}), vllm bench serve {vllm_tok_s}")
+    assert ours_tok_s == pytest.approx(vllm_tok_s, rel=0.10)

@@ -4,6 +4,7 @@ runs its ranks, the worker headless; the head serves. Failures on the worker are
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -75,6 +76,13 @@ def test_mp_down_leaves_nothing(lab, tmp_path: Path) -> None:
     for node in ("spark-a", "spark-b"):
         left = on(mp, node, "pgrep -f '[v]llm.entrypoints' || ss -ltnH | grep -E ':(8000|29501) ' || echo none")
         assert left.rstrip().endswith("none"), left
+    # Its memory given back too, as the kernel frees an ended process's (a rank's held on once,
+    # and the next up stopped at memory.low): no GPU process left on either node.
+    apps = "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader"
+    deadline = time.monotonic() + 15
+    while (held := {n: on(mp, n, apps).strip() for n in ("spark-a", "spark-b")}) != {"spark-a": "", "spark-b": ""}:
+        assert time.monotonic() < deadline, (held, {n: on(mp, n, "ps -eo pid,lstart,args") for n in held})
+        time.sleep(1)
 
 
 def test_a_crash_on_the_worker_is_named_there(lab, tmp_path: Path) -> None:
