@@ -112,13 +112,25 @@ def _free_ended(root: Path) -> None:
     node's state whose process is gone (a SIGKILLed rank, an OOM-killed engine), so the node's
     meminfo shows it free before anything else reads it. PID 1 sees the node's pids as recorded."""
     from spark_cluster_lab.layout import NodePaths
-    from spark_cluster_lab.state import gone_consumers, load_state, locked_state, prune_gone_consumers
+    from spark_cluster_lab.state import (
+        gone_consumers,
+        load_state,
+        locked_state,
+        prune_gone_consumers,
+        render_meminfo,
+    )
 
     paths = NodePaths(root)
     try:
-        if gone_consumers(load_state(paths.state)):
+        state = load_state(paths.state)
+        if gone_consumers(state):
             with locked_state(paths) as state:
                 prune_gone_consumers(state)
+        elif paths.meminfo.read_text(encoding="ascii") != render_meminfo(state):
+            # A writer ended between saving the state and rendering it (killed, or its render
+            # failed): the kernel's meminfo is never behind, so render it now.
+            with locked_state(paths):
+                pass
     except (OSError, ValueError):
         pass  # a state being rewritten or a node going down: the next round sees it
 

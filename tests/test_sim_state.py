@@ -275,3 +275,20 @@ def test_the_nodes_init_frees_what_an_ended_process_held(paths: NodePaths) -> No
     _free_ended(paths.root)
     assert list(load_state(paths.state)["memory"]["consumers"]) == ["rank1"]  # the live one stays
     assert meminfo(paths)["MemAvailable"] == before - 10 * 2**20
+
+
+def test_the_nodes_init_renders_a_meminfo_left_behind_the_state(paths: NodePaths) -> None:
+    """A writer that saved the state and ended before rendering it (killed in between) leaves
+    /proc/meminfo showing memory the state no longer holds: the node's init renders it again."""
+    from spark_cluster_lab.node_init import _free_ended
+
+    before = meminfo(paths)["MemAvailable"]
+    with locked_state(paths) as state:
+        add_consumer(state, "rank1", 50 * 2**20, pid=os.getpid(), gpu=True)
+    stale = paths.meminfo.read_text()
+    with locked_state(paths) as state:
+        state["memory"]["consumers"].clear()
+    paths.meminfo.write_text(stale)
+    assert meminfo(paths)["MemAvailable"] == before - 50 * 2**20
+    _free_ended(paths.root)
+    assert meminfo(paths)["MemAvailable"] == before
