@@ -25,7 +25,8 @@ from lab_cli import LAB_MARKS, REPO, cli, fresh_lab, on_node
 pytestmark = LAB_MARKS
 
 MODEL = "/home/nvidia/.cache/huggingface/hub/models--spark-lab--tiny-moe"
-SYNC_ALIVE = "pgrep -f 'spark-sync[.](recv|send)[.]pid' || echo none"  # hfsync's text names its pid files
+SYNC = "'spark-sync[.](recv|send)[.]pid'"  # hfsync's processes: its text names its pid files
+SYNC_ALIVE = f"pgrep -f {SYNC} || echo none"
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def no_up_left(request: pytest.FixtureRequest, lab: Path) -> Iterator[None]:
             cli("lab", "heal", node)
         cli("down", str(lab))
         for node in ("spark-a", "spark-b"):  # the killed up's copy, at both ends
-            on_node(lab, node, "pkill -f 'spark-sync[.](recv|send)[.]pid' || true")
+            on_node(lab, node, f"pkill -f {SYNC} || true")
         synced = cli("sync", str(lab), timeout=300)
         assert synced.returncode == 0, synced.stdout + synced.stderr
 
