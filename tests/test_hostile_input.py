@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from spark_cluster.core.diagnose import diagnose_log
 from spark_cluster.core.host_paste import diagnose_host_output
-from spark_cluster.core.progress import parse_line, track
+from spark_cluster.core.vllm_log import parse_line, track
 from spark_cluster.ui.jsonout import dumps
 
 HEADER = "INFO 11-25 06:13:01 [loader.py:42] "

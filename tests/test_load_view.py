@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 
 from spark_cluster.ui.load_view import LoadView, clock
-from spark_cluster.core.progress import Tracker
+from spark_cluster.core.vllm_log import Tracker
 from spark_cluster.ops.follow import Progress, _note, node_of
 
 NODES = {"192.168.100.10": "spark-a", "192.168.100.11": "spark-b"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spark_cluster.core.diagnose import diagnose_log
-from spark_cluster.core.progress import Tracker, parse_line
+from spark_cluster.core.vllm_log import Tracker, parse_line
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm-real"
 HEAD = DATA / "11-lab-vllm-0.32-cpu-2node-mp-head-ready.log"

@@ -19,7 +19,7 @@ from spark_cluster.ops import pipeline
 from spark_cluster.ops.follow import _failed_node
 from spark_cluster.ops.node_loss import ssh_lost
 from spark_cluster.ops.sync import SyncInterrupted, TargetPlan, disk_full
-from spark_cluster.ops.up_faults import explained, interrupted
+from spark_cluster.ops.stage_failure import explained, interrupted
 from spark_cluster.transport.remote import Fleet
 
 NODES_BY_IP = {"192.168.100.10": "spark-a", "192.168.100.11": "spark-b"}

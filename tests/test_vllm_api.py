@@ -434,7 +434,7 @@ def test_ready_event_and_shutdown() -> None:
 def test_periodic_stats_line_as_vllm_logs_it_when_busy_only() -> None:
     import re
 
-    from spark_cluster.core.progress import parse_line
+    from spark_cluster.core.vllm_log import parse_line
 
     lines: list[str] = []
     s = serve_api("127.0.0.1", 0, MODEL, rate=FAST, stats_log=lines.append, stats_interval=0.3)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from emulator_proc import EmulatorProcess, scratch_node
 
-from spark_cluster.core.progress import track
+from spark_cluster.core.vllm_log import track
 from spark_cluster_lab import checkpoint, vllm_args, vllm_mp
 from spark_cluster_lab.layout import NodePaths
 from spark_cluster_lab.state import (

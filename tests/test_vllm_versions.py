@@ -13,7 +13,7 @@ import pytest
 from spark_cluster.core.diagnose import diagnose_log
 from spark_cluster.core.inventory import load_inventory, parse_inventory
 from spark_cluster.ops.pipeline import plan_for_installed_vllm
-from spark_cluster.core.progress import track
+from spark_cluster.core.vllm_log import track
 from spark_cluster.core.recipes import RecipeError, load_recipe, parse_recipe, recipe_names
 from spark_cluster.core.serve_plan import serve_plan
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spark_cluster.core.progress import Tracker
+from spark_cluster.core.vllm_log import Tracker
 
 # No output for this long while still starting means the process is gone (the README of the Spark
 # logs: a host OOM kill leaves no error line). Longer than the longest legitimate silences seen:

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spark_cluster.core.errors import CommandTimeout, ConnectError, SparkClusterError
-from spark_cluster.core.progress import PHASES, Event, State, Tracker, parse_line, track
+from spark_cluster.core.vllm_log import PHASES, Event, State, Tracker, parse_line, track
 from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.ops.node_loss import SSH_GRACE_S, LostNode, boot_ids, lost_node, ssh_lost
 from spark_cluster.ops.readiness import readiness
-from spark_cluster.ops.serve import ServeError, _log, running
+from spark_cluster.ops.serve import ServeError, log_file, running
 from spark_cluster.transport.remote import Fleet, Node
 
 # Ray's prefix of a remote actor's line, or the header of a RayTaskError (which names every rank's ip:
@@ -125,7 +125,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
     """
     stop = stop or threading.Event()
     head = fleet.node(plan.head.node)
-    log = _log(plan.head)
+    log = log_file(plan.head)
     tracker = Tracker()
     progress = Progress(tracker.state, expected_gib=plan.weights_gib_per_node)
     lines_done = 0
@@ -284,7 +284,7 @@ def _raise_worker_failure(fleet: Fleet, plan: ServePlan) -> None:
         if command.is_head:
             continue
         try:
-            text = fleet.node(command.node).run(f"tail -n 400 {_log(command)}", timeout=30).stdout
+            text = fleet.node(command.node).run(f"tail -n 400 {log_file(command)}", timeout=30).stdout
         except SparkClusterError:
             continue  # unreachable now: the head's own account is what there is
         state = track(text)
@@ -299,7 +299,7 @@ def stopped_failure(fleet: Fleet, plan: ServePlan, lines: int = 400) -> dict | N
     ordered = [c for c in plan.commands if not c.is_head] + [c for c in plan.commands if c.is_head]
     for command in ordered:
         try:
-            text = fleet.node(command.node).run(f"tail -n {lines} {_log(command)}", timeout=30).stdout
+            text = fleet.node(command.node).run(f"tail -n {lines} {log_file(command)}", timeout=30).stdout
         except SparkClusterError:
             continue
         state = track(text)

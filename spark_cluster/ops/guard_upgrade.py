@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from spark_cluster.core import shell
 from spark_cluster.core.inventory import Inventory, NodeSpec
 from spark_cluster.core.playbook import PlannedStep
-from spark_cluster.ops.repair import REBOOT_WAIT_S, _reboot
+from spark_cluster.ops.repair import REBOOT_WAIT_S, reboot_and_wait
 from spark_cluster.transport.remote import Fleet, Node
 
 UPGRADE = ("DEBIAN_FRONTEND=noninteractive LC_ALL=C apt-get -y -o DPkg::Lock::Timeout=300 "
@@ -126,7 +126,7 @@ def _roll_back(node: Node, spec: NodeSpec, peers: list[NodeSpec], outcome: NodeU
                              f"menu (or, while it answers, `sudo grub-reboot` that entry and reboot); {bad} has no "
                              "working NVIDIA driver")
         return
-    back = _reboot(node, REBOOT, wait_s, say)
+    back = reboot_and_wait(node, REBOOT, wait_s, say)
     if back.status != "ok":
         outcome.evidence.append(f"reboot into {good}: {back.error or 'failed'}")
         outcome.next_step = f"{node.name} did not come back from the reboot into {good}: look at its console"
@@ -156,7 +156,7 @@ def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_ker
         outcome.next_step = (f"nothing was rebooted; read apt's lines above, then `sudo apt-get -f install` on "
                              f"{node.name} or `spark-cluster guard` to see what blocks the upgrade")
         return outcome
-    booted = _reboot(node, REBOOT, wait_s, say)
+    booted = reboot_and_wait(node, REBOOT, wait_s, say)
     if booted.status != "ok":
         outcome.evidence.append(f"reboot: {booted.error or 'failed'}")
         outcome.next_step = f"{node.name} did not come back from the reboot: look at its console"

@@ -273,7 +273,7 @@ STAGES = (check, stage_weights, runtime, vllm)
 
 
 def _interrupted(run: Run) -> StoppedFollowing:
-    from spark_cluster.ops.up_faults import interrupted
+    from spark_cluster.ops.stage_failure import interrupted
 
     node = run.inventory.head.name
     return interrupted(run.stage_name, node, run.hint_path)
@@ -283,7 +283,7 @@ def _explained(run: Run, exc: SparkClusterError) -> SparkClusterError:
     """The stage's error with its stage and node; a node that rebooted or stopped answering
     meanwhile is named as the cause (the error itself is then its evidence)."""
     from spark_cluster.ops.sync import SyncInterrupted
-    from spark_cluster.ops.up_faults import explained, interrupted, lost_during
+    from spark_cluster.ops.stage_failure import explained, interrupted, lost_during
 
     if run.interrupted is None or isinstance(exc, StoppedFollowing):
         return exc

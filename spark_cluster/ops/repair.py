@@ -90,7 +90,7 @@ def _boot_id(node: Node) -> str | None:
     return result.stdout.strip() or None if result.ok else None
 
 
-def _reboot(node: Node, step: PlannedStep, wait_s: float,
+def reboot_and_wait(node: Node, step: PlannedStep, wait_s: float,
             progress: Progress | None = None) -> StepOutcome:
     """Reboot, then wait until SSH answers from a new boot (its boot_id has changed): a node
     that still answers right after `reboot` is the old boot going down, not the new one up."""
@@ -180,7 +180,7 @@ def run_plans(node: Node, plans: Sequence[tuple[int, Plan]], approved: set[tuple
                 if not allow_reboot:
                     outcome.steps.append(StepOutcome(step, "needs-reboot"))
                     break
-                outcome.steps.append(_reboot(node, step, reboot_wait_s, progress))
+                outcome.steps.append(reboot_and_wait(node, step, reboot_wait_s, progress))
             else:
                 result = _run_step(node, step, progress)
                 outcome.steps.append(StepOutcome(step, "ok" if result.ok else "failed", result))

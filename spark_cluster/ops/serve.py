@@ -39,7 +39,8 @@ def _dir(command: NodeCommand) -> str:
     return remote_path(command.log_path.rsplit("/", 1)[0])
 
 
-def _log(command: NodeCommand) -> str:
+def log_file(command: NodeCommand) -> str:
+    """The command's log on its node as one shell word (`~/` as "$HOME"/)."""
     return remote_path(command.log_path)
 
 
@@ -49,7 +50,7 @@ def start_command(command: NodeCommand) -> str:
     Secrets (the API key) are read from stdin, one line each, and exported: the vLLM
     process inherits them without their values on any command line.
     """
-    d, log = _dir(command), _log(command)
+    d, log = _dir(command), log_file(command)
     line = command.shell(redact=False, exported=True)
     secrets = exports([*command.secrets, *command.secret_env_names])
     if command.container is None:
@@ -160,5 +161,5 @@ def stop(fleet: Fleet, plan: ServePlan) -> dict[str, str | Exception]:
 
 def log_tail(fleet: Fleet, plan: ServePlan, lines: int = 50, rotated: int = 0) -> str:
     """The last lines of the head's vLLM log (`rotated`: of LOG.N, a start before the last)."""
-    path = _log(plan.head) + (f".{int(rotated)}" if rotated else "")
+    path = log_file(plan.head) + (f".{int(rotated)}" if rotated else "")
     return fleet.node(plan.head.node).run(f"tail -n {int(lines)} {path}", timeout=30).stdout

@@ -13,7 +13,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from spark_cluster.core.progress import PHASES
+from spark_cluster.core.vllm_log import PHASES
 
 
 def clock(seconds: float) -> str:

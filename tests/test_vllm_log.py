@@ -12,7 +12,7 @@ import pytest
 
 from spark_cluster.cli import main
 from spark_cluster.core.diagnose import FIELDS, diagnose_log
-from spark_cluster.core.progress import PHASES, Tracker, clean, parse_line
+from spark_cluster.core.vllm_log import PHASES, Tracker, clean, parse_line
 
 OURS = Path(__file__).resolve().parent / "data" / "vllm-logs"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "facts" / "vllm-logs"
