@@ -38,12 +38,12 @@ def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str,
     lab_, created = simlab.up(count, inventory_out, engine=engine, cache_size=cache_size,
                               reboot_s=reboot_seconds)
     verb = "up" if created else "already up"
-    ui.console.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
+    ui.CONSOLES.out.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:
-        ui.console.print(f"  {node.name}  {node.address}  namespace {node.namespace}")
-    ui.console.print(f"  key {lab_.identity}, known_hosts {lab_.known_hosts}")
+        ui.CONSOLES.out.print(f"  {node.name}  {node.address}  namespace {node.namespace}")
+    ui.CONSOLES.out.print(f"  key {lab_.identity}, known_hosts {lab_.known_hosts}")
     if inventory_out is not None:
-        ui.console.print(f"  inventory written to {inventory_out} (engine: {engine})")
+        ui.CONSOLES.out.print(f"  inventory written to {inventory_out} (engine: {engine})")
     return 0
 
 
@@ -71,7 +71,7 @@ def lab_break(node: str, fault: str) -> int:
     from spark_cluster_lab import lab as simlab
     from spark_cluster_lab.breakage import break_node
 
-    ui.console.print(break_node(_current_lab(simlab), node, fault))
+    ui.CONSOLES.out.print(break_node(_current_lab(simlab), node, fault))
     return 0
 
 
@@ -82,7 +82,7 @@ def lab_heal(node: str) -> int:
     from spark_cluster_lab import lab as simlab
     from spark_cluster_lab.breakage import heal_node
 
-    ui.console.print(heal_node(_current_lab(simlab), node))
+    ui.CONSOLES.out.print(heal_node(_current_lab(simlab), node))
     return 0
 
 
@@ -92,7 +92,7 @@ def lab_faults() -> int:
     from spark_cluster_lab.faults import FAULTS
 
     for fault in FAULTS:
-        ui.console.print(fault)
+        ui.CONSOLES.out.print(fault)
     return 0
 
 
@@ -104,7 +104,7 @@ def lab_down() -> int:
     problems = simlab.down()
     if problems:
         raise SparkClusterError("lab down left things behind:\n  " + "\n  ".join(problems))
-    ui.console.print("lab down: no namespace, process, link or file of the lab is left")
+    ui.CONSOLES.out.print("lab down: no namespace, process, link or file of the lab is left")
     return 0
 
 
@@ -118,7 +118,7 @@ def _current_lab(simlab):  # noqa: ANN001, ANN202 - the lazily imported module
 
 def _print_status(reports: Sequence, as_json: bool) -> None:
     if as_json:
-        ui.console.out(json.dumps([r.as_dict() for r in reports], indent=2))
+        ui.CONSOLES.out.out(json.dumps([r.as_dict() for r in reports], indent=2))
         return
     header = ("node", "address", "ssh", "kernel", "faults", "nvidia-smi")
     rows = [(r.name, r.address, r.ssh, r.kernel, ", ".join(r.faults) or "-", r.gpu) for r in reports]
@@ -126,4 +126,4 @@ def _print_status(reports: Sequence, as_json: bool) -> None:
     for n, row in enumerate([header, *rows]):
         cells = [cell.ljust(width) for cell, width in zip(row, widths)] + [row[-1]]
         style = "bold" if n == 0 else ("green" if row[2] == "ok" else "red")
-        ui.console.print(Text("  ".join(cells), style=style))
+        ui.CONSOLES.out.print(Text("  ".join(cells), style=style))

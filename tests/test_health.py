@@ -99,18 +99,15 @@ def test_a_dead_ray_node_makes_it_unhealthy(served) -> None:
     assert data["healthy"] is False and data["vllm"]["healthy"] is True
 
 
-def test_executor_mp_asks_no_ray_and_says_so(served) -> None:
+def test_executor_mp_asks_no_ray_and_says_so(served, monkeypatch: pytest.MonkeyPatch) -> None:
     mp = dataclasses.replace(SIM, cluster=dataclasses.replace(SIM.cluster, executor="mp"))
     nodes = [FakeNode("spark-a"), FakeNode("spark-b")]
     data = health.collect_status(mp, Fleet(nodes))
     assert data["healthy"] is True and data["ray"]["used"] is False
     assert not [c for n in nodes for c in n.commands if "api/v0/nodes" in c]
     out = io.StringIO()
-    ui.console, saved = Console(file=out, width=200), ui.console
-    try:
-        ui.status_view(data, mp)
-    finally:
-        ui.console = saved
+    monkeypatch.setattr(ui.CONSOLES, "out", Console(file=out, width=200))
+    ui.status_view(data, mp)
     assert "ray not used (executor mp)" in out.getvalue() and out.getvalue().rstrip().endswith("healthy")
     assert "ray" not in ui.summary_line(data).split("reachable")[1].split("vllm")[0]
 
@@ -157,16 +154,13 @@ def test_status_alone_samples_the_counters_twice(served, monkeypatch: pytest.Mon
     assert calls["n"] == 3 and again["vllm"]["throughput"]["prompt_tokens_per_s"] > 0  # watch: one sample each
 
 
-def test_status_view_names_each_ray_node_and_says_healthy(served) -> None:
+def test_status_view_names_each_ray_node_and_says_healthy(served, monkeypatch: pytest.MonkeyPatch) -> None:
     dead = json.loads(json.dumps(RAY_ANSWER))
     dead["nodes"][1]["state"] = "DEAD"
     data = health.collect_status(SIM, Fleet([FakeNode("spark-a", dead), FakeNode("spark-b")]))
     out = io.StringIO()
-    ui.console, saved = Console(file=out, width=200), ui.console
-    try:
-        ui.status_view(data, SIM)
-    finally:
-        ui.console = saved
+    monkeypatch.setattr(ui.CONSOLES, "out", Console(file=out, width=200))
+    ui.status_view(data, SIM)
     text = out.getvalue()
     assert "  spark-a    192.168.100.10  ALIVE  1 GPU  head" in text
     assert "  spark-b    192.168.100.11  DEAD  1 GPU" in text

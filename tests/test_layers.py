@@ -1,5 +1,7 @@
 """The package's floor plan holds: layers import only downward, the product never imports the
-lab, no import circle, no product module over 400 lines, and `--help` loads no SSH library."""
+lab, no import circle (through a package's __init__ and imports inside functions too), the
+programs import nothing of the package, no private name crosses a module, no product module
+over 400 lines, and `--help` loads no SSH library."""
 
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ LAYERS = ("core", "transport", "ops", "ui", "cli")  # bottom to top
 MAX_LINES = 400
 
 
-def modules(package: str) -> dict[str, Path]:
+def modules(package: str, root: Path = ROOT) -> dict[str, Path]:
     found = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found[".".join(parts)] = path
@@ -52,9 +54,11 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.add(target)
+            # `from pkg import mod` runs mod; `from pkg import name` runs pkg's __init__, whose
+            # names it takes: a submodule importing its package back that way closes a circle.
             for alias in node.names:
-                found.add(f"{target}.{alias.name}")
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in known else target)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -141,15 +145,52 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def _without_parent_packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
-    # `from pkg import mod` names the package and the module; a package importing its own
-    # submodules is how a package works, not a circle.
-    return {name: {t for t in targets if not name.startswith(t + ".")} for name, targets in edges.items()}
-
-
 @pytest.mark.parametrize("package", [PRODUCT, LAB], ids=["spark_cluster", "spark_cluster_lab"])
 def test_no_import_circle(package: dict[str, Path]) -> None:
-    assert _cycles(_without_parent_packages(graph(package))) == []
+    assert _cycles(graph(package)) == []
+
+
+CIRCLES = {  # module -> its text; each package holds one circle, except `fine`
+    # A view that takes the console from its package's __init__, which imports the view last.
+    "through_init": {"__init__": "console = 1\nfrom through_init.view import show\n",
+                     "view": "from through_init import console\ndef show(): return console\n"},
+    # The same, the view importing its package inside a function.
+    "late": {"__init__": "from late import view\n",
+             "view": "def show():\n    import late\n    return late.X\n"},
+    # A package importing its own submodules, which import each other's modules only: no circle.
+    "fine": {"__init__": "from fine import a, b\n", "a": "from fine import b\n", "b": "X = 1\n"},
+}
+
+
+def test_the_circle_check_sees_circles_through_a_packages_init_and_late_imports(tmp_path: Path) -> None:
+    for package, files in CIRCLES.items():
+        (tmp_path / package).mkdir()
+        for name, text in files.items():
+            (tmp_path / package / f"{name}.py").write_text(text)
+    found = {}
+    for package in CIRCLES:
+        mods = modules(package, tmp_path)
+        found[package] = _cycles({name: imports_of(name, path, set(mods)) for name, path in mods.items()})
+    assert found == {"through_init": [["through_init", "through_init.view"]], "late": [["late", "late.view"]],
+                     "fine": []}
+
+
+def test_programs_import_nothing_of_the_package() -> None:
+    # They are data to the layers (core.programs ships them by name), and run alone on a node.
+    programs = {name: sorted(targets) for name, targets in graph(PRODUCT).items()
+                if name.startswith("spark_cluster.programs")}
+    assert {name: targets for name, targets in programs.items() if targets} == {}
+
+
+def _private_imports(name: str, path: Path) -> list[str]:
+    """`from other import _name`: a module's private name used by another module."""
+    return [f"{name}: from {node.module} import {alias.name}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("spark_cluster")
+            for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+
+
+def test_no_private_name_is_imported_across_product_modules() -> None:
+    assert [line for name, path in PRODUCT.items() for line in _private_imports(name, path)] == []
 
 
 def test_no_product_module_over_400_lines() -> None:

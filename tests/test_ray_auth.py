@@ -26,7 +26,7 @@ from spark_cluster.ops import health
 
 from spark_cluster import ui
 from spark_cluster.core.inventory import InventoryError, load_inventory, parse_inventory
-from spark_cluster.programs import source
+from spark_cluster.core.programs import source
 from spark_cluster.ops.ray_cluster import RayError, _describe, _start_host, bring_up, query_state
 from spark_cluster.core.ray_plan import (
     auth_warning,
@@ -343,7 +343,7 @@ def test_status_says_ray_refuses_our_token(monkeypatch: pytest.MonkeyPatch) -> N
     data = health.collect_status(inventory, Fleet([head, worker]))
     assert data["ray"]["refused"] is True and data["healthy"] is False
     out = io.StringIO()
-    monkeypatch.setattr(ui, "console", Console(file=out, width=300))
+    monkeypatch.setattr(ui.CONSOLES, "out", Console(file=out, width=300))
     ui.status_view(data, inventory)
     shown = out.getvalue()
     assert "ray: Ray refuses our token (HTTP 403 Forbidden)" in shown and "up --restart" in shown

@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> None:
 
         if isinstance(exc, InventoryError):
             for problem in exc.problems:
-                ui.err_console.print(str(problem), markup=False)
+                ui.CONSOLES.err.print(str(problem), markup=False)
             count = len(exc.problems)
-            ui.err_console.print(f"{count} problem{'s' * (count != 1)}; fix {'them' if count > 1 else 'it'} "
+            ui.CONSOLES.err.print(f"{count} problem{'s' * (count != 1)}; fix {'them' if count > 1 else 'it'} "
                                  "and run again", style="red")
         else:
             ui.error(str(exc))

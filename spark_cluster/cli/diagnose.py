@@ -49,7 +49,7 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
     idle = time.time() - info.st_mtime if stalled_after is not None else None
     data = diagnose_log(chunks, idle_seconds=idle, stalled_after=stalled_after or STALLED_AFTER_S)
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
     else:
         shards = (f"{data['shards_loaded']}/{data['shards_total']}" if data["shards_total"] else "-")
         load = f"{data['load_seconds']:.1f} s" if data["load_seconds"] is not None else "-"
@@ -57,12 +57,12 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
         for label, value in (("outcome", data["outcome"]), ("phase", data["phase"] or "-"),
                              ("shards", shards), ("load time", load), ("weights", gib),
                              ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
-            ui.console.print(f"{label:>9}: {value}", markup=False)
+            ui.CONSOLES.out.print(f"{label:>9}: {value}", markup=False)
         if data["inferred"]:
-            ui.console.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
+            ui.CONSOLES.out.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
                              f"so the server is taken for dead (inferred)", markup=False)
         if data["cause"]:
-            ui.console.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
+            ui.CONSOLES.out.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
     return 1 if data["outcome"] == "failed" else 0
 
 
@@ -78,23 +78,23 @@ def _diagnose_host(path: Path, as_json: bool) -> int:
                          "uname, lsmod, modinfo, modprobe, dpkg -l, dkms status, dmesg/journalctl -k, apt history, "
                          "ibstat, rdma link, ibdev2netdev)\n  hint: paste the commands' output as the host printed it")
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
         return 0 if data["ok"] else 1
     shown = ", ".join(s["command"] or s["tool"] for s in data["recognised"])
-    ui.console.print(f"recognised: {shown}", markup=False)
+    ui.CONSOLES.out.print(f"recognised: {shown}", markup=False)
     for f in data["findings"]:
-        ui.console.print(f"{f['severity']:>8} {f['id']}: {f['message']}", markup=False)
+        ui.CONSOLES.out.print(f"{f['severity']:>8} {f['id']}: {f['message']}", markup=False)
         if f["evidence"]:
-            ui.console.print(f"          evidence: {f['evidence']}", markup=False)
+            ui.CONSOLES.out.print(f"          evidence: {f['evidence']}", markup=False)
         fix_ = f["fix"] or {}
         for command in fix_.get("commands") or []:
-            ui.console.print(f"          run: {command}", markup=False)
+            ui.CONSOLES.out.print(f"          run: {command}", markup=False)
         if fix_.get("note"):
-            ui.console.print(f"          fix: {fix_['note']}", markup=False)
+            ui.CONSOLES.out.print(f"          fix: {fix_['note']}", markup=False)
     if not data["findings"]:
-        ui.console.print("no fault in what the paste shows", markup=False)
+        ui.CONSOLES.out.print("no fault in what the paste shows", markup=False)
     if data["unknown"]:
-        ui.console.print("unknown (not in the paste):", markup=False)
+        ui.CONSOLES.out.print("unknown (not in the paste):", markup=False)
         for item in data["unknown"]:
-            ui.console.print(f"  - {item}", markup=False)
+            ui.CONSOLES.out.print(f"  - {item}", markup=False)
     return 0 if data["ok"] else 1

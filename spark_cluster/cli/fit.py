@@ -51,7 +51,7 @@ def fit(inventory: str, model: str | None, tp: int | None, ep: bool | None, max_
             ui.warn("this cluster's vLLM runs and holds its memory: the figures are against what is free "
                     f"beside it; `spark-cluster down {inventory}` first for the verdict of a fresh start")
     if as_json:
-        ui.console.out(dumps(result.as_dict()))
+        ui.CONSOLES.out.out(dumps(result.as_dict()))
     else:
         fit_report(result, inventory)
     return 0 if result.fits else 1

@@ -46,7 +46,7 @@ def guard(inventory: str, as_json: bool, action: str | None, dry_run: bool, yes:
     good = [v for v in found.values() if not isinstance(v, Exception)]
     data = guard_dict(order, found, in_step(good) if len(good) == len(found) else [])
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
     else:
         guard_report(data)
     return 0 if data["ok"] else 1
@@ -69,7 +69,7 @@ def _files(fleet, order: list[str], action: str, dry_run: bool, yes: bool) -> in
     for name in order:
         outcome = results[name]
         if isinstance(outcome, Exception):
-            ui.console.print(f"{name}  failed: {str(outcome).splitlines()[0]}", markup=False)
+            ui.CONSOLES.out.print(f"{name}  failed: {str(outcome).splitlines()[0]}", markup=False)
             failed = True
         else:
             file_changes(name, outcome, shown)
@@ -92,16 +92,16 @@ def _upgrade(inv, fleet, yes: bool, reboot_wait: float) -> int:  # noqa: ANN001 
             guard_report(data)
             raise SparkClusterError("not upgrading: a node is unsafe or did not answer (above)")
         if not any(v.upgrade for v in good):
-            ui.console.print("nothing to upgrade on any node")
+            ui.CONSOLES.out.print("nothing to upgrade on any node")
             return 0
         kernels = {v.next_kernel for v in good}
         target = max(kernels, key=kernel_key)
-        ui.console.print(f"upgrading {', '.join(order)} one at a time to kernel {target}; the cluster stops first")
+        ui.CONSOLES.out.print(f"upgrading {', '.join(order)} one at a time to kernel {target}; the cluster stops first")
         if not yes and not _confirm("stop the cluster and upgrade?"):
             raise SparkClusterError("nothing was changed\n  hint: run again with --yes")
         for problem in stop_cluster(inv, fleet):
-            ui.console.print(problem, markup=False)
-        say = lambda node, text: ui.console.print(f"{node}  {text}", markup=False)  # noqa: E731
+            ui.CONSOLES.out.print(problem, markup=False)
+        say = lambda node, text: ui.CONSOLES.out.print(f"{node}  {text}", markup=False)  # noqa: E731
         for spec in inv.nodes:
             peers = [p for p in inv.nodes if p.name != spec.name]
             left = order[order.index(spec.name) + 1:]
@@ -114,12 +114,12 @@ def _upgrade(inv, fleet, yes: bool, reboot_wait: float) -> int:  # noqa: ANN001 
                                         f"`spark-cluster check` shows where {spec.name} is now") from None
             if not outcome.ok:
                 for line in outcome.evidence:
-                    ui.console.print(f"{spec.name}  evidence: {line}", markup=False)
+                    ui.CONSOLES.out.print(f"{spec.name}  evidence: {line}", markup=False)
                 bad = outcome.kernel_after or found[spec.name].next_kernel
                 what = (f"not healthy on kernel {bad}; rolled back to {outcome.kernel_before}"
                         if outcome.rolled_back else f"not healthy on kernel {bad}")
                 raise SparkClusterError(f"{spec.name} {what} (evidence above); stopped{untouched}"
                                         f"\n  hint: {outcome.next_step}")
-        ui.console.print(f"[green]all nodes upgraded[/] ({', '.join(order)}); "
+        ui.CONSOLES.out.print(f"[green]all nodes upgraded[/] ({', '.join(order)}); "
                          "`spark-cluster check` then `spark-cluster up` to serve again")
     return 0

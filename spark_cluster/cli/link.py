@@ -30,7 +30,7 @@ def linktest(inventory: str, as_json: bool, no_allgather: bool) -> int:
         data = measure(inv, fleet, (lambda *_, **__: None) if as_json else ui.linktest_event,
                        gather=not no_allgather)
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
     else:
         ui.linktest_report(data)
     return 0 if data["ok"] else 1
@@ -62,5 +62,5 @@ def sync(inventory: str, as_json: bool, source_node: str | None, streams: int, m
     with fleet_for(inv) as fleet, ui.SyncView(enabled=not as_json) as view:
         data = run_sync(inv, fleet, view.event, source_node=source_node, streams=streams, max_mbps=max_mbps)
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
     return 0

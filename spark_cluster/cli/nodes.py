@@ -17,7 +17,7 @@ def validate(inventory: str) -> int:
     """Check an inventory file; print every problem as FILE:LINE: message."""
     from spark_cluster.ops.inventory import load_inventory
 
-    ui.console.print(ui.inventory_summary(load_inventory(inventory)))
+    ui.CONSOLES.out.print(ui.inventory_summary(load_inventory(inventory)))
     return 0
 
 

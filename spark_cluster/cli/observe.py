@@ -26,7 +26,7 @@ def status(inventory: str, as_json: bool) -> int:
     with fleet_for(inv) as fleet:
         data = collect_status(inv, fleet)
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
     else:
         ui.status_view(data, inv)
     return 0 if data["healthy"] else 1
@@ -141,7 +141,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
 
         files = bench_out.write(Path(out_dir), data) + plot(Path(out_dir), data)
         if not as_json:
-            ui.console.print(f"wrote {', '.join(str(f) for f in files)}")
+            ui.CONSOLES.out.print(f"wrote {', '.join(str(f) for f in files)}")
     if earlier is not None:
         changes = bench_out.compare(data, earlier)
         if as_json:
@@ -151,7 +151,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
 
             compare_table(changes, compare_dir)
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
     failed = [r for section in ("levels", "prompt_lengths", "rates") for r in data.get(section) or ()
               if r.get("failed") or r.get("error")]
     return 1 if failed else 0
@@ -177,7 +177,7 @@ def _bench(inventory: str, plan, reachable, levels, lengths, rates, duration: fl
     reference = load_recipe(plan.recipe).reference if plan.recipe else None
     endpoint, model, key, text = reachable.endpoint, plan.served_model_name, api_key(plan), prompt or sweep_.PROMPT
     if not as_json:
-        ui.console.print(f"bench {model} at {plan.endpoint}: {max_tokens} tokens per request")
+        ui.CONSOLES.out.print(f"bench {model} at {plan.endpoint}: {max_tokens} tokens per request")
     expected = sum(levels) + len(lengths) + sum(round(r * duration) for r in rates)
     data: dict = {"model": model, "endpoint": plan.endpoint, "max_tokens": max_tokens,
                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -33,7 +33,7 @@ def check(inventory: str, as_json: bool) -> int:
         report = preflight(inv, fleet, serve_plan_or_none(inv))
     data = report_dict(report, [n.name for n in inv.nodes])
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
     else:
         ui.check_report(data)
     return 0 if data["ok"] else 1
@@ -68,10 +68,10 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
         unfixable = [f for f in before.blockers if f.fix is None or f.fix.playbook is None]
         ui.fix_plan(plans, sudo_password=password is not None)
         if password is not None and plans:
-            ui.console.print("  (sudo reads the password from its standard input: `-S -p ''`)",
+            ui.CONSOLES.out.print("  (sudo reads the password from its standard input: `-S -p ''`)",
                              style="dim")
         for finding in unfixable if not only else []:
-            ui.console.print(f"not fixable here: {finding.node}: {finding.id}: "
+            ui.CONSOLES.out.print(f"not fixable here: {finding.node}: {finding.id}: "
                              f"{finding.fix.note if finding.fix else finding.message}")
         if dry_run or not plans:
             return 0 if dry_run or not before.blockers else 1
@@ -80,7 +80,7 @@ def fix(inventory: str, dry_run: bool, yes: bool, only: str | None, allow_reboot
                                     "or --dry-run to only look")
         approved = approvals(plans, lambda node, q: yes or _confirm(f"{node}: {q}"))
         results = execute(fleet, plans, approved, allow_reboot, reboot_wait,
-                          progress=lambda node, text: ui.console.print(f"{node}  {text}"))
+                          progress=lambda node, text: ui.CONSOLES.out.print(f"{node}  {text}"))
         ui.fix_results(results)
         after = preflight(inv, fleet, plan)
     _report_change(before, after, results)
@@ -97,12 +97,12 @@ def _report_change(before, after, results) -> None:  # noqa: ANN001 - Report, Re
     was = {(f.node, f.id) for f in before.blockers}
     now = {(f.node, f.id) for f in after.blockers}
     for node, finding_id in sorted(was - now):
-        ui.console.print(f"fixed: {node}: {finding_id}")
+        ui.CONSOLES.out.print(f"fixed: {node}: {finding_id}")
     for node, finding_id in sorted(now):
-        ui.console.print(f"still blocking: {node}: {finding_id}")
+        ui.CONSOLES.out.print(f"still blocking: {node}: {finding_id}")
     reboots = sorted({node for node, outcome in results.items() if not isinstance(outcome, Exception)
                       and any(p.needs_reboot for p in outcome)})
     for node in reboots:
-        ui.console.print(f"needs a reboot: {node} (run fix again with --reboot, or reboot it)")
+        ui.CONSOLES.out.print(f"needs a reboot: {node} (run fix again with --reboot, or reboot it)")
     if not now:
-        ui.console.print("check: no blockers left")
+        ui.CONSOLES.out.print("check: no blockers left")

@@ -46,7 +46,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     launches = until == "vllm" or dry_run
     plan = serve_plan(inv) if launches else serve_plan_or_none(inv)
     if dry_run:
-        ui.console.out(plan.render())
+        ui.CONSOLES.out.out(plan.render())
         return 0
     if launches:
         from spark_cluster.ops.serve import secret_values
@@ -100,20 +100,20 @@ def down(inventory: str) -> int:
 
             for name, outcome in stop_vllm(fleet, serve_plan(inv)).items():
                 if isinstance(outcome, Exception):
-                    ui.console.print(f"{name}: vLLM not stopped: {str(outcome).splitlines()[0]}")
+                    ui.CONSOLES.out.print(f"{name}: vLLM not stopped: {str(outcome).splitlines()[0]}")
         stopped = tear_down(inv, fleet)
         left = fleet.map(lambda node: leftovers(inv, node))
     for name in stopped:
         outcome, remains = stopped[name], left[name]
         if isinstance(outcome, Exception) or isinstance(remains, Exception):
             error = outcome if isinstance(outcome, Exception) else remains
-            ui.console.print(f"{name}: not cleaned: {str(error).splitlines()[0]}")
+            ui.CONSOLES.out.print(f"{name}: not cleaned: {str(error).splitlines()[0]}")
             failed = True
         elif remains:
-            ui.console.print(f"{name}: still there: {', '.join(remains)}")
+            ui.CONSOLES.out.print(f"{name}: still there: {', '.join(remains)}")
             failed = True
         else:
-            ui.console.print(f"{name}: stopped; no process, container or port of the cluster left")
+            ui.CONSOLES.out.print(f"{name}: stopped; no process, container or port of the cluster left")
     return 1 if failed else 0
 
 
@@ -150,7 +150,7 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
             raise SparkClusterError(f"{spec.name}: no log at {path}: {first.tail('stderr', 1)}\n"
                                     "  hint: has `up` run on this cluster?")
         *shown, count = first.stdout.rstrip("\n").split("\n")
-        ui.console.out("\n".join(shown), highlight=False)
+        ui.CONSOLES.out.out("\n".join(shown), highlight=False)
         done = int(count) if count.strip().isdigit() else 0
         try:
             while follow:
@@ -158,7 +158,7 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
                 more = node.run(f"{source} | tail -n +{done + 1}", timeout=30).stdout
                 complete, _, _ = more.rpartition("\n")
                 if complete:
-                    ui.console.out(complete, highlight=False)
+                    ui.CONSOLES.out.out(complete, highlight=False)
                     done += complete.count("\n") + 1
         except KeyboardInterrupt:
             pass

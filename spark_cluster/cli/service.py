@@ -34,13 +34,13 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
     inv = load_inventory(inventory)
     if dry_run:
         svc.secrets_here(inv)
-        ui.console.out(svc.unit_text(inv, user, metrics_port, metrics_address), highlight=False)
+        ui.CONSOLES.out.out(svc.unit_text(inv, user, metrics_port, metrics_address), highlight=False)
         return 0
     where = svc.install(inv, user, metrics_port, metrics_address, start=not no_start)
-    ui.console.print(f"wrote {where.unit}\nwrote {where.environment} (mode 0600)", highlight=False)
+    ui.CONSOLES.out.print(f"wrote {where.unit}\nwrote {where.environment} (mode 0600)", highlight=False)
     if not no_start:
         scope = "--user " if user else ""
-        ui.console.print(f"started; `spark-cluster service status {inventory}{' --user' if user else ''}` "
+        ui.CONSOLES.out.print(f"started; `spark-cluster service status {inventory}{' --user' if user else ''}` "
                          f"or `journalctl {scope}-u {where.unit.name} -f` to follow it", highlight=False)
     return 0
 
@@ -54,7 +54,7 @@ def uninstall(inventory: str, user: bool) -> int:
     from spark_cluster.ops.inventory import load_inventory
 
     removed = svc.uninstall(load_inventory(inventory), user)
-    ui.console.print("\n".join(f"removed {p}" for p in removed) or "nothing was installed", highlight=False)
+    ui.CONSOLES.out.print("\n".join(f"removed {p}" for p in removed) or "nothing was installed", highlight=False)
     return 0
 
 
@@ -69,11 +69,11 @@ def status(inventory: str, user: bool, as_json: bool) -> int:
 
     data = svc.status(load_inventory(inventory), user)
     if as_json:
-        ui.console.out(dumps(data))
+        ui.CONSOLES.out.out(dumps(data))
     else:
         for key, value in data.items():
             if key != "log":
-                ui.console.print(f"{key}: {value}", highlight=False)
+                ui.CONSOLES.out.print(f"{key}: {value}", highlight=False)
         for line in data.get("log", []):
-            ui.console.print(f"  {line}", highlight=False, markup=False)
+            ui.CONSOLES.out.print(f"  {line}", highlight=False, markup=False)
     return 0 if data.get("ActiveState") == "active" else 1

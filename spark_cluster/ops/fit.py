@@ -17,9 +17,9 @@ from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.facts import parse_meminfo
 from spark_cluster.core.facts.runtime import model_repo
 from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.programs import source
 from spark_cluster.core.serve_plan import ServePlan, parse_argv
 from spark_cluster.core.shell import model_dir
-from spark_cluster.programs import source
 from spark_cluster.transport.remote import Fleet, Node
 
 READ_TIMEOUT_S = 120.0  # a few hundred header files on a slow disk

@@ -11,7 +11,7 @@ from spark_cluster.core.guard_rules import (
     IMAGE, GuardFacts, NodeVerdict, evaluate, installed_kernels, kernel_key, module_flavour,
 )
 from spark_cluster.core.parsers.apt_sim import grub_default, parse_policy, parse_simulation
-from spark_cluster.programs import source
+from spark_cluster.core.programs import source
 from spark_cluster.transport.remote import Fleet, Node
 
 # What update-grub sources, in its order (the last GRUB_DEFAULT wins). A file that is not there

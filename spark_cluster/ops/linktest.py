@@ -25,7 +25,7 @@ from spark_cluster.core.secrets import exports, scrub, split, stdin_lines
 from spark_cluster.core.report_data import finding_dict
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.shell import join, remote_path
-from spark_cluster.programs import PYTHON, command, words
+from spark_cluster.core.programs import PYTHON, command, words
 
 Emit = Callable[..., None]
 

@@ -33,7 +33,7 @@ from spark_cluster.core.ray_plan import (
     token_path,
 )
 from spark_cluster.ops.ray_state import RayError, RayState, query_state
-from spark_cluster.programs import PYTHON, command
+from spark_cluster.core.programs import PYTHON, command
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.secrets import REDACTED, container_file_lines, exports, is_secret, stdin_lines
 from spark_cluster.core.serve_plan import API_PORT

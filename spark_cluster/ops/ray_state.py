@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.inventory import Inventory, NodeSpec
+from spark_cluster.core.programs import command
 from spark_cluster.core.ray_plan import DASHBOARD_PORT, ray_auth, token_path
 from spark_cluster.core.shell import remote_path
-from spark_cluster.programs import command
 from spark_cluster.transport.remote import Node
 
 

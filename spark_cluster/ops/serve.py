@@ -11,8 +11,8 @@ import json
 import os
 
 from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.programs import words
 from spark_cluster.core.shell import join, remote_path
-from spark_cluster.programs import words
 from spark_cluster.transport.remote import Fleet, Node
 from spark_cluster.core.secrets import exports, stdin_lines
 from spark_cluster.core.serve_plan import NodeCommand, ServePlan, launch_record

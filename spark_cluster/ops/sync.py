@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from spark_cluster.core.errors import SparkClusterError, UsageError
 from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.programs import command as program
 from spark_cluster.core.shell import join, model_dir, remote_path
-from spark_cluster.programs import command as program
 from spark_cluster.transport.remote import Fleet, Node
 
 CHUNK = 32 << 20

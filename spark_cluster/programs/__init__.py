@@ -1,31 +1,4 @@
 """Programs that run on the nodes, shipped by name as `python -c` text: standard library only
 (torch where the all-gather needs it), Python 3.8 compatible, nothing installed on the node first.
-
-`command` builds the whole invocation through core.shell, so a program's arguments are quoted
-words and its text is never spliced into a command line by hand.
+Data to the package: they import nothing of it, and core.programs builds the line that runs one.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-
-from spark_cluster.core.shell import Raw, Word, join
-
-PYTHON = Raw("python3")
-
-
-def source(name: str) -> str:
-    """The text of one of these programs, to hand to `python -c`."""
-    return (Path(__file__).parent / f"{name}.py").read_text()
-
-
-def words(name: str, *args: Word, python: Word = PYTHON, isolated: bool = False) -> list[Word]:
-    """The words that run program `name` with `args`: PYTHON [-I] -c TEXT ARGS. `isolated` (-I)
-    keeps the user's site-packages and .pth files out, for programs that need only the
-    standard library."""
-    return [python, *(["-I"] if isolated else []), "-c", source(name), *args]
-
-
-def command(name: str, *args: Word, python: Word = PYTHON, isolated: bool = False) -> str:
-    """The shell line that runs program `name` with `args` (see `words`)."""
-    return join(*words(name, *args, python=python, isolated=isolated))

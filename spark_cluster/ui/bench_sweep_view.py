@@ -6,7 +6,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from spark_cluster import ui
+from spark_cluster.ui.consoles import CONSOLES
 from spark_cluster.ui.bench_view import bench_level
 
 
@@ -17,7 +17,7 @@ class BenchProgress:
     def __init__(self, expected: int, quiet: bool = False) -> None:
         self.quiet = quiet
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=ui.console, transient=True, disable=quiet)
+                                 TimeElapsedColumn(), console=CONSOLES.out, transient=True, disable=quiet)
         self.task = self.progress.add_task("bench", total=max(1, expected))
 
     def __enter__(self) -> "BenchProgress":
@@ -50,7 +50,7 @@ def prompt_table(rows: list[dict]) -> None:
         table.add_row(str(r["prompt_tokens"] or f"~{r['target_tokens']}"),
                       f"{_n(r['ttft_s'] * 1000 if r['ttft_s'] is not None else None, '.0f')} ms",
                       _n(r["prefill_tok_s"]), (r["error"] or "")[:60], style="red" if r["error"] else None)
-    ui.console.print(table)
+    CONSOLES.out.print(table)
 
 
 def rate_table(rows: list[dict]) -> None:
@@ -64,15 +64,15 @@ def rate_table(rows: list[dict]) -> None:
                       f"{_n(t['p50'], '.0f')} / {_n(t['p90'], '.0f')} / {_n(t['p99'], '.0f')}",
                       f"{_n(p['p50'])} / {_n(p['p99'])}", f"{_n(i['p50'])} / {_n(i['p99'])}",
                       f"{kv['max'] * 100:.1f} %" if kv["max"] is not None else "-")
-    ui.console.print(table)
+    CONSOLES.out.print(table)
     for r in rows:
         for error in r["errors"]:
-            ui.console.print(Text(f"  rate {r['rate']:g}: failed: {error[:200]}", style="red"))
+            CONSOLES.out.print(Text(f"  rate {r['rate']:g}: failed: {error[:200]}", style="red"))
 
 
 def compare_table(changes: list[dict], against: str) -> None:
     if not changes:
-        ui.console.print(f"compare: nothing measured here was measured in {against} (same levels, lengths, rates)")
+        CONSOLES.out.print(f"compare: nothing measured here was measured in {against} (same levels, lengths, rates)")
         return
     table = Table(title=f"against {against}", show_edge=False, pad_edge=False)
     for header in ("sweep", "at", "figure", "before", "now", "change"):
@@ -80,4 +80,4 @@ def compare_table(changes: list[dict], against: str) -> None:
     for c in changes:
         table.add_row(c["section"], str(c["at"]), c["figure"], _n(c["old"], ".3g"), _n(c["new"], ".3g"),
                       f"{c['change'] * 100:+.1f} %", style="green" if c["better"] else "red")
-    ui.console.print(table)
+    CONSOLES.out.print(table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from spark_cluster import ui
+from spark_cluster.ui.consoles import CONSOLES
 
 
 def _num(x: float | None, fmt: str = ".1f") -> str:
@@ -16,9 +16,9 @@ def bench_level(level) -> None:  # noqa: ANN001 - bench.Level
     line = (f"  concurrency {level.concurrency}: {len(level.ok)}/{len(level.samples)} ok, "
             f"{_num(level.avg_tokens, '.0f')} tokens each, {_num(level.per_request_tok_s)} tok/s per request, "
             f"{_num(level.aggregate_tok_s)} tok/s aggregate, first token after {_num(level.ttft_p50_s, '.2f')} s")
-    ui.console.print(line, highlight=False)
+    CONSOLES.out.print(line, highlight=False)
     for error in dict.fromkeys(level.errors):  # each distinct error once
-        ui.console.print(Text(f"    failed: {error}", style="red"))
+        CONSOLES.out.print(Text(f"    failed: {error}", style="red"))
 
 
 def bench_table(levels, reference) -> None:  # noqa: ANN001 - list[bench.Level], recipes.Reference | None
@@ -36,6 +36,6 @@ def bench_table(levels, reference) -> None:  # noqa: ANN001 - list[bench.Level],
         if figures:
             row.append(_num(figures.get(level.concurrency)))
         table.add_row(*row)
-    ui.console.print(table)
+    CONSOLES.out.print(table)
     if figures:
-        ui.console.print(Text(f"published: {reference.source}", style="dim"))
+        CONSOLES.out.print(Text(f"published: {reference.source}", style="dim"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from spark_cluster.core.fit import GIB, Fit
-from spark_cluster.ui import console
+from spark_cluster.ui.consoles import CONSOLES
 
 
 def _gib(n: int) -> str:
@@ -13,6 +13,7 @@ def _gib(n: int) -> str:
 
 
 def fit_report(fit: Fit, where: str) -> None:
+    console = CONSOLES.out
     lay = fit.layout
     console.print(f"fit {fit.model} ({where}): TP {lay.tp}" + (f" x PP {lay.pp}" if lay.pp > 1 else "")
                   + (", expert parallel" if lay.ep else "") + f", --gpu-memory-utilization {lay.gpu_memory_utilization:g}, "

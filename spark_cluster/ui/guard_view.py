@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from spark_cluster.core.guard_rules import GuardFinding, NodeVerdict
-from spark_cluster.ui import console
+from spark_cluster.ui.consoles import CONSOLES
 
 SCHEMA_VERSION = 1
 STYLE = {"blocker": "red", "warning": "yellow", "info": "dim"}
@@ -34,6 +34,7 @@ def guard_dict(order: list[str], verdicts: dict[str, NodeVerdict | Exception],
 
 
 def guard_report(data: dict[str, Any]) -> None:
+    console = CONSOLES.out
     for node in data["nodes"]:
         verdict = node["verdict"]
         style = {"safe": "green", "unsafe": "red"}.get(verdict, "yellow")
@@ -58,6 +59,7 @@ def guard_report(data: dict[str, Any]) -> None:
 
 def file_changes(node: str, changes: list[tuple[str, str]], shown: dict[str, str] | None = None) -> None:
     """Each guard file's fate on a node; with `shown`, the text a dry run would write."""
+    console = CONSOLES.out
     for path, what in changes:
         console.print(f"{node}  {what}: {path}", markup=False)
         if shown and what == "would write":

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from spark_cluster import ui
+from spark_cluster.ui.consoles import CONSOLES
 from spark_cluster.ui.check_view import finding_lines
 
 if TYPE_CHECKING:
@@ -20,18 +20,18 @@ def linktest_event(event: str, **data: object) -> None:
         ping = data["ping"]
         mark = Text("ok  ", style="green") if ping["ok"] else Text("FAIL", style="bold red")  # type: ignore[index]
         reach = f", reaches {data['reaches']}" if data.get("reaches") else ""
-        ui.console.print(Text(f"  rail {data['rail']} {data['from']} -> {data['to']}  ping {ping['size']} B DF  ")  # type: ignore[index]
-                         + mark + Text(f"  {ping['detail']}{reach}", style="dim"))  # type: ignore[index]
+        CONSOLES.out.print(Text(f"  rail {data['rail']} {data['from']} -> {data['to']}  ping {ping['size']} B DF  ")  # type: ignore[index]
+                           + mark + Text(f"  {ping['detail']}{reach}", style="dim"))  # type: ignore[index]
     elif event == "tcp":
         rate = data.get("gbps")
         what = f"{rate:.2f} Gb/s" if isinstance(rate, float) else f"- ({data.get('error')})"
-        ui.console.print(f"  rail {data['rail']} {data['from']} -> {data['to']}  TCP {what}", markup=False)
+        CONSOLES.out.print(f"  rail {data['rail']} {data['from']} -> {data['to']}  TCP {what}", markup=False)
     elif event == "allgather-start":
-        ui.console.print(f"  all-gather across {data['nodes']} nodes in the {data['runtime']} runtime ...", markup=False)
+        CONSOLES.out.print(f"  all-gather across {data['nodes']} nodes in the {data['runtime']} runtime ...", markup=False)
     elif event == "allgather":
         for row in data.get("sizes") or []:  # type: ignore[union-attr]
-            ui.console.print(f"  all-gather {row['size'] / 2**20:8.1f} MiB  {row['time_us'] / 1000:9.2f} ms  "
-                             f"algbw {row['algbw_gbs']:7.3f} GB/s  busbw {row['busbw_gbs']:7.3f} GB/s", markup=False)
+            CONSOLES.out.print(f"  all-gather {row['size'] / 2**20:8.1f} MiB  {row['time_us'] / 1000:9.2f} ms  "
+                               f"algbw {row['algbw_gbs']:7.3f} GB/s  busbw {row['busbw_gbs']:7.3f} GB/s", markup=False)
 
 
 def linktest_report(data: dict) -> None:
@@ -40,14 +40,14 @@ def linktest_report(data: dict) -> None:
         transport = "; ".join(f"{node}: {t['transport'] or '?'} {','.join(t['hcas'])}".rstrip()
                               for node, t in ag["transport"].items()) or "no NCCL (Gloo)"
         bus = ag["bus_gbs"]
-        ui.console.print(f"  all-gather: {ag['backend']} on {ag.get('device', '?')}, bus bandwidth "
-                         f"{bus:.3f} GB/s (best size); transport {transport}" if bus is not None else
-                         "  all-gather: no size completed", markup=False)
+        CONSOLES.out.print(f"  all-gather: {ag['backend']} on {ag.get('device', '?')}, bus bandwidth "
+                           f"{bus:.3f} GB/s (best size); transport {transport}" if bus is not None else
+                           "  all-gather: no size completed", markup=False)
     for finding in data["findings"]:
         finding_lines(finding)
     verdict = Text("link ok", style="bold green") if data["ok"] else Text("link has findings", style="bold red")
-    ui.console.print(verdict + Text(f": {len(data['rails'])} rail directions in {data['seconds']:.1f} s, "
-                                    f"{len(data['findings'])} finding{'s' * (len(data['findings']) != 1)}"))
+    CONSOLES.out.print(verdict + Text(f": {len(data['rails'])} rail directions in {data['seconds']:.1f} s, "
+                                      f"{len(data['findings'])} finding{'s' * (len(data['findings']) != 1)}"))
 
 
 class SyncView:
@@ -75,18 +75,18 @@ class SyncView:
             return
         if event == "manifest":
             broken = data["broken_links"]
-            ui.console.print(f"  {data['node']}: {data['files']} files, {data['links']} links, "
-                             f"{int(data['bytes']) / 2**30:.2f} GiB ({int(data['hashed_bytes']) / 2**20:.0f} MiB hashed, "
-                             f"{data['seconds']} s)" + (f", {len(broken)} broken links" if broken else ""), markup=False)
+            CONSOLES.out.print(f"  {data['node']}: {data['files']} files, {data['links']} links, "
+                               f"{int(data['bytes']) / 2**30:.2f} GiB ({int(data['hashed_bytes']) / 2**20:.0f} MiB hashed, "
+                               f"{data['seconds']} s)" + (f", {len(broken)} broken links" if broken else ""), markup=False)
         elif event == "plan":
             for node, t in data["targets"].items():  # type: ignore[union-attr]
                 what = ("identical" if not (t["files"] or t["links"]) else
                         f"{t['files']} files ({t['bytes'] / 2**20:.0f} MiB) and {t['links']} links to copy"
                         + (f", {t['resumed_chunks']} chunks already there" if t["resumed_chunks"] else ""))
-                ui.console.print(f"  {node} from {data['source']}: {what}", markup=False)
+                CONSOLES.out.print(f"  {node} from {data['source']}: {what}", markup=False)
         elif event == "copy":
             total = int(data["bytes"])  # type: ignore[arg-type]
-            if ui.console.is_terminal:
+            if CONSOLES.out.is_terminal:
                 from rich.progress import (  # only when a copy starts: --help need not load it
                     BarColumn,
                     DownloadColumn,
@@ -97,7 +97,7 @@ class SyncView:
                 )
 
                 self._bar = Progress(TextColumn(f"  {data['node']}"), BarColumn(), DownloadColumn(),
-                                     TransferSpeedColumn(), TimeRemainingColumn(), console=ui.console)
+                                     TransferSpeedColumn(), TimeRemainingColumn(), console=CONSOLES.out)
                 self._bar.start()
                 self._task = self._bar.add_task("copy", total=total)
         elif event == "progress":
@@ -108,15 +108,15 @@ class SyncView:
                 moved, total, seconds = int(data["bytes"]), int(data["total"]), float(data["seconds"])  # type: ignore[arg-type]
                 rate = moved / seconds if seconds else 0
                 eta = f", ETA {(total - moved) / rate:.0f} s" if rate and moved < total else ""
-                ui.console.print(f"  {data['node']}: {moved / 2**20:.0f}/{total / 2**20:.0f} MiB, "
-                                 f"{rate / 1e6:.0f} MB/s{eta}", markup=False)
+                CONSOLES.out.print(f"  {data['node']}: {moved / 2**20:.0f}/{total / 2**20:.0f} MiB, "
+                                   f"{rate / 1e6:.0f} MB/s{eta}", markup=False)
         elif event == "copied":
             self._close()
             rate = f" at {data['rate_mbs']} MB/s" if data.get("rate_mbs") else ""
-            ui.console.print(f"  {data['node']}: copied {int(data['bytes']) / 2**20:.0f} MiB in {data['seconds']} s{rate}, "
-                             "verified chunk by chunk", markup=False)
+            CONSOLES.out.print(f"  {data['node']}: copied {int(data['bytes']) / 2**20:.0f} MiB in {data['seconds']} s{rate}, "
+                               "verified chunk by chunk", markup=False)
         elif event == "synced":
             moved = int(data["copied_bytes"])  # type: ignore[arg-type]
-            ui.console.print(Text("sync: ", style="bold green") + Text(
+            CONSOLES.out.print(Text("sync: ", style="bold green") + Text(
                 f"every node identical ({moved / 2**20:.0f} MiB copied, {data['seconds']} s)" if moved
                 else f"every node identical, nothing to copy ({data['seconds']} s)"))

@@ -2,7 +2,7 @@
 
 On a terminal it is one live panel (rich), redrawn at each poll; otherwise (a pipe, CI, a
 log file) it is one line per phase, per tenth of the shards and per node that has loaded,
-so a saved transcript reads in order. `--json` gets the same as events (`ui.JsonLines`).
+so a saved transcript reads in order. `--json` gets the same as events (`ui.jsonout.JsonLines`).
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from spark_cluster import ui
+from spark_cluster.ui.consoles import CONSOLES, warn
 
 
 class Waiting:
     """A one-line live status while Ray comes up; plain lines when not on a terminal."""
 
     def __init__(self) -> None:
-        self._status = ui.console.status("starting") if ui.console.is_terminal else None
+        self._status = CONSOLES.out.status("starting") if CONSOLES.out.is_terminal else None
         self._last = ""
 
     def __enter__(self) -> "Waiting":
@@ -33,7 +33,7 @@ class Waiting:
             if self._status:
                 self._status.update(message)
             else:
-                ui.console.print(f"  {message}")
+                CONSOLES.out.print(f"  {message}")
 
 
 def ray_summary(state, inventory) -> None:  # noqa: ANN001 - RayState, Inventory
@@ -45,8 +45,8 @@ def ray_node_line(node: dict, inventory) -> None:  # noqa: ANN001 - Inventory
     """One node as Ray sees it (a RayNode as a dict): its name here, address, state, GPUs."""
     names = {str(s.link_address): s.name for s in inventory.nodes}
     style = "green" if node["alive"] else "red"
-    ui.console.print(Text(f"  {names.get(node['ip'], '?'):<10} {node['ip']:<16}", style=style)
-                     + Text(f"{'ALIVE' if node['alive'] else 'DEAD'}  {node['gpus']:g} GPU"
+    CONSOLES.out.print(Text(f"  {names.get(node['ip'], '?'):<10} {node['ip']:<16}", style=style)
+                       + Text(f"{'ALIVE' if node['alive'] else 'DEAD'}  {node['gpus']:g} GPU"
                          f"{'  head' if node['head'] else ''}  {node['message']}"))
 
 
@@ -58,59 +58,59 @@ def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
                     f"{node['gpu_power_w']} W  links {' '.join(node['links'])}")
         else:
             line = f"unreachable: {node['error']}"
-        ui.console.print(Text(f"{name:<10} ", style="bold") + Text(line, style="green" if node["reachable"] else "red"))
+        CONSOLES.out.print(Text(f"{name:<10} ", style="bold") + Text(line, style="green" if node["reachable"] else "red"))
     ray = data["ray"]
     if not ray.get("used", True):
-        ui.console.print(Text("ray ", style="bold") + Text("not used (executor mp)", style="dim"))
+        CONSOLES.out.print(Text("ray ", style="bold") + Text("not used (executor mp)", style="dim"))
     elif ray.get("refused"):  # it runs, but not for us: the message says why and what to do
-        ui.console.print(Text(f"ray: {ray.get('error', '')}", style="red"))
+        CONSOLES.out.print(Text(f"ray: {ray.get('error', '')}", style="red"))
         vllm_status(data)
         return
     elif not ray["reachable"]:
-        ui.console.print(Text(f"ray: not running ({ray.get('error', '')})", style="red"))
+        CONSOLES.out.print(Text(f"ray: not running ({ray.get('error', '')})", style="red"))
         vllm_status(data)
         return
     else:
-        ui.console.print(Text(f"ray {ray['version']}", style="bold"))
+        CONSOLES.out.print(Text(f"ray {ray['version']}", style="bold"))
     for node in ray["nodes"]:
         ray_node_line(node, inventory)
     vllm_status(data)
-    ui.console.print(Text("healthy" if data["healthy"] else "not healthy",
-                          style="bold green" if data["healthy"] else "bold red"))
+    CONSOLES.out.print(Text("healthy" if data["healthy"] else "not healthy",
+                            style="bold green" if data["healthy"] else "bold red"))
 
 
 def plan_notes(plan) -> None:  # noqa: ANN001 - ServePlan
     """What the plan warns of (an idle Spark, an open endpoint, an open Ray) and the recipe's pitfalls."""
     for text in plan.warnings:
-        ui.warn(text)
+        warn(text)
     for text in plan.pitfalls:
-        ui.err_console.print(Text("pitfall: ", style="yellow") + Text(text))
+        CONSOLES.err.print(Text("pitfall: ", style="yellow") + Text(text))
 
 
 def forward_hint(plan) -> None:  # noqa: ANN001 - ServePlan
     if plan.forward:
-        ui.console.print(f"  vLLM listens on {plan.bind_host} of {plan.head.node} only ({plan.listen}); "
-                         f"from your machine: {plan.forward}")
+        CONSOLES.out.print(f"  vLLM listens on {plan.bind_host} of {plan.head.node} only ({plan.listen}); "
+                           f"from your machine: {plan.forward}")
 
 
 def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, follow.Progress
     state = progress.state
     # Some builds (vLLM's CPU build) log no "Model loading took … GiB": say so, not "?".
     gib = ", ".join(f"{g:g}" for g in state.weights_gib) + " GiB" if state.weights_gib else "not in the log"
-    ui.console.print(Text("ready", style="bold green") + Text(
+    CONSOLES.out.print(Text("ready", style="bold green") + Text(
         f": {plan.served_model_name} serves at {plan.endpoint} after {progress.elapsed:.1f} s"))
-    ui.console.print(f"  weights per rank: {gib}; shards {state.shards_loaded}/{state.shards_total}"
-                     + (f"; load {state.load_seconds:.1f} s" if state.load_seconds else ""))
+    CONSOLES.out.print(f"  weights per rank: {gib}; shards {state.shards_loaded}/{state.shards_total}"
+                       + (f"; load {state.load_seconds:.1f} s" if state.load_seconds else ""))
     resident = progress.resident_gib()
     for node, used in progress.memory_gib.items():
         loaded = progress.loaded_gib.get(node)
-        ui.console.print(f"  {node}: {used:.1f} GiB of memory in use (+{resident.get(node, 0.0):.1f} GiB since "
+        CONSOLES.out.print(f"  {node}: {used:.1f} GiB of memory in use (+{resident.get(node, 0.0):.1f} GiB since "
                          f"the start)" + (f", {loaded:g} GiB of weights" if loaded is not None else ""))
-    ui.console.print("  phases: " + ", ".join(f"{phase} {took:.1f} s" for phase, took in progress.durations()))
+    CONSOLES.out.print("  phases: " + ", ".join(f"{phase} {took:.1f} s" for phase, took in progress.durations()))
     forward_hint(plan)
-    ui.console.print(f"  try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
-                     f"-d '{{\"model\": \"{plan.served_model_name}\", \"messages\": "
-                     f"[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    CONSOLES.out.print(f"  try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
+                       f"-d '{{\"model\": \"{plan.served_model_name}\", \"messages\": "
+                       f"[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
 
 
 def vllm_status(data: dict) -> None:
@@ -118,18 +118,18 @@ def vllm_status(data: dict) -> None:
     if vllm is None:
         return
     if not vllm.get("started", True):
-        ui.console.print(Text("vllm ", style="bold") + Text("not started (`up` launches it)", style="dim"))
+        CONSOLES.out.print(Text("vllm ", style="bold") + Text("not started (`up` launches it)", style="dim"))
         return
     style = "green" if vllm["healthy"] else "red"
-    ui.console.print(Text("vllm ", style="bold") + Text(
+    CONSOLES.out.print(Text("vllm ", style="bold") + Text(
         f"{vllm['endpoint']}  /health {vllm['health'] or 'no answer'}  model {vllm['model'] or '-'}",
         style=style))
     if vllm.get("error"):
-        ui.console.print(Text(f"  {vllm['error']}", style="red"))
+        CONSOLES.out.print(Text(f"  {vllm['error']}", style="red"))
     failure = vllm.get("failure")
     if failure:
-        ui.console.print(Text(f"  failed on {failure['node']}: {failure['cause']}\n  evidence: {failure['evidence']}"
-                              f"\n  log: {failure['log']} on {failure['node']}", style="red"))
+        CONSOLES.out.print(Text(f"  failed on {failure['node']}: {failure['cause']}\n  evidence: {failure['evidence']}"
+                                f"\n  log: {failure['log']} on {failure['node']}", style="red"))
     metrics = {**vllm["metrics"], **(vllm.get("throughput") or {})}
     if metrics:
-        ui.console.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
+        CONSOLES.out.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))

@@ -5,15 +5,21 @@ choosing what to show by the record's type."""
 from __future__ import annotations
 
 from functools import singledispatchmethod
-from spark_cluster.core.inventory import Inventory
 
-from spark_cluster import ui
+from rich.text import Text
+
+from spark_cluster.core.inventory import Inventory
 from spark_cluster.ops.events import (
     Checked, CheckBlocked, Done, FollowEnd, FollowProgress, FollowStart, Pulled, PullLine, RayEnd, RayReady,
     RayStart, RayWait, Ready, RestartStop, RuntimeReady, Stage, VllmFollowing, VllmVersion, WeightsEvent,
     WeightsSynced,
 )
+from spark_cluster.ui.check_view import check_report
+from spark_cluster.ui.consoles import CONSOLES
+from spark_cluster.ui.jsonout import JsonLines
+from spark_cluster.ui.link_view import SyncView
 from spark_cluster.ui.load_view import LoadView
+from spark_cluster.ui.serve_view import Waiting, forward_hint, ray_summary, ready_summary
 
 
 class UpView:
@@ -22,10 +28,10 @@ class UpView:
 
     def __init__(self, inventory: Inventory, as_json: bool) -> None:
         self.inventory = inventory
-        self.json = ui.JsonLines(enabled=as_json)
-        self._waiting: ui.Waiting | None = None
+        self.json = JsonLines(enabled=as_json)
+        self._waiting: Waiting | None = None
         self._load: LoadView | None = None
-        self._sync: ui.SyncView | None = None
+        self._sync: SyncView | None = None
         self._shown: dict[str, str] = {}
 
     def __enter__(self) -> "UpView":
@@ -49,45 +55,45 @@ class UpView:
 
     @__call__.register
     def _stage(self, event: Stage) -> None:
-        ui.stage(event.number, event.name, event.detail)
+        CONSOLES.out.print(Text(f"[{event.number}] {event.name}", style="bold cyan") + Text(f"  {event.detail}"))
 
     @__call__.register
     def _pull_line(self, event: PullLine) -> None:
         node, line = event.node, event.line
         if line and self._shown.get(node) != line:
             self._shown[node] = line
-            ui.console.print(f"  {node}: {line}", markup=False)
+            CONSOLES.out.print(f"  {node}: {line}", markup=False)
             self.json.emit("pull", node=node, line=line)
 
     @__call__.register
     def _pulled(self, event: Pulled) -> None:
         for node, seconds in event.nodes.items():
-            ui.console.print(f"  {node}: pulled in {seconds:.0f} s")
+            CONSOLES.out.print(f"  {node}: pulled in {seconds:.0f} s")
         self.json.emit("pulled", image=event.image, nodes=dict(event.nodes))
 
     @__call__.register
     def _check_blocked(self, event: CheckBlocked) -> None:
         from spark_cluster.ui.report_view import report_dict
 
-        ui.check_report(report_dict(event.report, [n.name for n in self.inventory.nodes]))
+        check_report(report_dict(event.report, [n.name for n in self.inventory.nodes]))
 
     @__call__.register
     def _checked(self, event: Checked) -> None:
-        ui.console.print(f"  every node passes ({event.seconds:.1f} s)")
+        CONSOLES.out.print(f"  every node passes ({event.seconds:.1f} s)")
         self.json.emit("check", ok=event.ok, seconds=event.seconds)
 
     @__call__.register
     def _vllm_version(self, event: VllmVersion) -> None:
         if event.version is None:
-            ui.console.print(f"  vLLM's version could not be read on {event.node}: the recipe is spelled for "
-                             f"{event.variant}")
+            CONSOLES.out.print(f"  vLLM's version could not be read on {event.node}: the recipe is spelled for "
+                               f"{event.variant}")
         else:
-            ui.console.print(f"  vLLM {event.version}: recipe {event.recipe} spelled for {event.variant}")
+            CONSOLES.out.print(f"  vLLM {event.version}: recipe {event.recipe} spelled for {event.variant}")
 
     @__call__.register
     def _weights_event(self, event: WeightsEvent) -> None:
         if self._sync is None:
-            self._sync = ui.SyncView().__enter__()
+            self._sync = SyncView().__enter__()
         self._sync.event(event.kind, **event.data)
         if event.kind in ("plan", "copy", "progress", "copied"):
             self.json.emit("sync", kind=event.kind, **event.data)
@@ -101,11 +107,11 @@ class UpView:
 
     @__call__.register
     def _restart_stop(self, event: RestartStop) -> None:
-        ui.console.print(f"  --restart: stopping the running vLLM on {event.node} first")
+        CONSOLES.out.print(f"  --restart: stopping the running vLLM on {event.node} first")
 
     @__call__.register
     def _ray_start(self, event: RayStart) -> None:
-        self._waiting = ui.Waiting().__enter__()
+        self._waiting = Waiting().__enter__()
 
     @__call__.register
     def _ray_wait(self, event: RayWait) -> None:
@@ -121,9 +127,9 @@ class UpView:
     @__call__.register
     def _ray(self, event: RayReady) -> None:
         result = event.result
-        ui.ray_summary(result.state, self.inventory)
+        ray_summary(result.state, self.inventory)
         verb = "reused" if result.reused else f"started on {', '.join(result.started)}"
-        ui.console.print(f"  Ray {verb} in {result.seconds:.1f} s")
+        CONSOLES.out.print(f"  Ray {verb} in {result.seconds:.1f} s")
         self.json.emit("ray", reused=result.reused, seconds=round(result.seconds, 3),
                        nodes=[n.__dict__ for n in result.state.nodes])
 
@@ -131,17 +137,17 @@ class UpView:
     def _runtime(self, event: RuntimeReady) -> None:
         started = event.started
         if started is not None:
-            ui.console.print(f"  container {'started on ' + ', '.join(started) if started else 'reused'} "
-                             f"({self.inventory.cluster.image})")
+            CONSOLES.out.print(f"  container {'started on ' + ', '.join(started) if started else 'reused'} "
+                               f"({self.inventory.cluster.image})")
         self.json.emit("runtime", executor=event.executor, runtime=event.runtime, seconds=event.seconds)
 
     @__call__.register
     def _vllm_following(self, event: VllmFollowing) -> None:
-        ui.console.print(f"  vLLM of this cluster is still starting on {event.node}: following it")
+        CONSOLES.out.print(f"  vLLM of this cluster is still starting on {event.node}: following it")
 
     @__call__.register
     def _follow_start(self, event: FollowStart) -> None:
-        self._load = LoadView(ui.console, [spec.name for spec in self.inventory.nodes], self.json).__enter__()
+        self._load = LoadView(CONSOLES.out, [spec.name for spec in self.inventory.nodes], self.json).__enter__()
 
     @__call__.register
     def _progress(self, event: FollowProgress) -> None:
@@ -158,13 +164,13 @@ class UpView:
     def _ready(self, event: Ready) -> None:
         plan, progress = event.plan, event.progress
         if progress is None:
-            ui.console.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
-            ui.forward_hint(plan)
+            CONSOLES.out.print(f"  vLLM already serves {plan.served_model_name} at {plan.endpoint}: reused")
+            forward_hint(plan)
             self.json.emit("ready", reused=True, endpoint=plan.endpoint, model=plan.served_model_name)
             return
-        ui.ready_summary(plan, progress)
+        ready_summary(plan, progress)
         for finding in progress.state.findings:
-            ui.console.print(f"  [yellow]warning[/]: {finding}")
+            CONSOLES.out.print(f"  [yellow]warning[/]: {finding}")
         self.json.emit("ready", reused=False, findings=list(progress.state.findings), endpoint=plan.endpoint,
                        model=plan.served_model_name,
                        seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
@@ -173,4 +179,4 @@ class UpView:
 
     @__call__.register
     def _done(self, event: Done) -> None:
-        ui.console.print(f"up: done in {event.seconds:.1f} s (until {event.until})")
+        CONSOLES.out.print(f"up: done in {event.seconds:.1f} s (until {event.until})")

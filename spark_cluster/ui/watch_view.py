@@ -6,7 +6,7 @@ import time
 
 from rich.text import Text
 
-from spark_cluster import ui
+from spark_cluster.ui.consoles import CONSOLES
 
 
 class Dashboard:
@@ -16,7 +16,7 @@ class Dashboard:
         from rich.live import Live
 
         self.inventory = inventory
-        self._live = Live(console=ui.console, refresh_per_second=4) if ui.console.is_terminal else None
+        self._live = Live(console=CONSOLES.out, refresh_per_second=4) if CONSOLES.out.is_terminal else None
         self._events: list[str] = []
 
     def __enter__(self) -> "Dashboard":
@@ -31,11 +31,11 @@ class Dashboard:
     def log(self, line: str) -> None:
         self._events = (self._events + [line])[-5:]
         if self._live is None:
-            ui.console.print(line)
+            CONSOLES.out.print(line)
 
     def show(self, data: dict) -> None:
         if self._live is None:
-            ui.console.print(summary_line(data))
+            CONSOLES.out.print(summary_line(data))
             return
         from rich.console import Group
         from rich.table import Table

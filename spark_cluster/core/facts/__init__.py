@@ -1,7 +1,7 @@
 """A node's facts: each defined once, as its name, the command that gathers it and the reader of
 its output (facts.base.Fact), in the module of its concern; all of them in FACTS.
 
-`check` gathers them (facts.gather) and `diagnose --host-output` fills them from a paste; both read
+`check` gathers them (`probes_for`, then facts.gather) and `diagnose --host-output` fills them from a paste; both read
 them with the same readers (facts.node.parse_facts). Whatever reads a fact imports its object
 (`from spark_cluster.core.facts.driver import NVIDIA_SMI`), so a misspelt fact fails at import.
 """
@@ -11,12 +11,13 @@ from __future__ import annotations
 from spark_cluster.core.facts import driver, network, packages, runtime, system
 from spark_cluster.core.facts.base import GIB, KIB, MISSING, Fact, Probe, ProbeOutput, Target
 from spark_cluster.core.facts.driver import Gpu, parse_gpu, parse_lsmod, parse_proc_driver
-from spark_cluster.core.facts.gather import gather_command, probes_for
+from spark_cluster.core.facts.gather import gather_command
 from spark_cluster.core.facts.network import Interface, parse_ibdev2netdev, parse_ip_addr, parse_speeds
 from spark_cluster.core.facts.node import NodeFacts, parse_facts
 from spark_cluster.core.facts.packages import Package, kernel_sort_key, parse_kernel_modules, parse_packages
 from spark_cluster.core.facts.runtime import parse_model_files, parse_python
 from spark_cluster.core.facts.system import Disk, Memory, Process, parse_df, parse_meminfo, parse_processes, parse_release
+from spark_cluster.core.inventory import Inventory, NodeSpec
 
 # The registry, in the order the gatherer starts them (the slow driver-history ones after the
 # quick ones, the pings last).
@@ -43,6 +44,12 @@ def _complete() -> None:
 
 
 _complete()
+
+
+def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
+    """Every registered fact's probes for `node`, in the registry's order."""
+    target = Target(inventory, node)
+    return [probe for fact in FACTS.values() for probe in fact.probes(target)]
 
 
 def fact(name: str) -> Fact[object]:

@@ -10,17 +10,8 @@ from __future__ import annotations
 
 import json
 
-from spark_cluster.core.facts.base import Probe, Target
-from spark_cluster.core.inventory import Inventory, NodeSpec
-from spark_cluster.programs import command
-
-
-def probes_for(inventory: Inventory, node: NodeSpec) -> list[Probe]:
-    """Every registered fact's probes for `node`, in the registry's order."""
-    from spark_cluster.core.facts import FACTS
-
-    target = Target(inventory, node)
-    return [probe for fact in FACTS.values() for probe in fact.probes(target)]
+from spark_cluster.core.facts.base import Probe
+from spark_cluster.core.programs import command
 
 
 def gather_command(probes: list[Probe]) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from spark_cluster.core.facts.base import PROBE_TIMEOUT, Fact, ProbeOutput, Target, integer, text
 from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.programs import words
 from spark_cluster.core.shell import Raw, join, model_dir, remote_path
-from spark_cluster.programs import words
 
 EACH_FILE = Raw('"$f"')
 

@@ -1,0 +1,42 @@
+"""`validate` and `exec` for people: the inventory in one line, each node's output under its name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+
+from spark_cluster.ui.consoles import CONSOLES
+
+if TYPE_CHECKING:
+    from spark_cluster.core.inventory import Inventory
+    from spark_cluster.transport.remote import FleetResult, Result
+
+
+def inventory_summary(inventory: Inventory) -> str:
+    cluster = inventory.cluster
+    rails = len(inventory.head.link.rails)
+    model = inventory.model
+    what = "no model" if model is None else f"model {model.recipe or model.name}"
+    return (
+        f"{inventory.path}: valid: cluster {cluster.name}, {len(inventory.nodes)} nodes "
+        f"(head {inventory.head.name}), {rails} rail{'s' * (rails != 1)} at MTU "
+        f"{inventory.head.link.mtu}, runtime {cluster.runtime}, executor {cluster.executor}, {what}"
+    )
+
+
+def exec_results(results: FleetResult[Result]) -> None:
+    """Each node's output under its name, in inventory order."""
+    console = CONSOLES.out
+    for name, value in results.items():
+        if isinstance(value, Exception):
+            console.rule(Text(f"{name}: failed", style="bold red"), align="left")
+            console.print(Text(str(value), style="red"))
+            continue
+        style = "bold green" if value.ok else "bold red"
+        console.rule(Text(f"{name}: exit {value.exit_code}, {value.seconds:.2f} s", style=style),
+                     align="left")
+        if value.stdout:
+            console.out(value.stdout.rstrip("\n"), highlight=False)
+        if value.stderr:
+            console.print(Text(value.stderr.rstrip("\n"), style="yellow"))
