@@ -121,3 +121,51 @@ def test_compare_without_an_earlier_run_is_a_usage_error(tmp_path: Path) -> None
 
     with pytest.raises(UsageError, match="no bench.json"):
         bench_out.load(tmp_path)
+
+
+def test_options_name_the_bad_flag_and_refuse_nothing_to_measure() -> None:
+    from spark_cluster.core.errors import UsageError
+    from spark_cluster.ops.bench_run import bench_options
+
+    options = bench_options("1, 2", "128", "0.5,1", duration_s=10, out_dir="runs/x")
+    assert (options.levels, options.lengths, options.rates) == ((1, 2), (128,), (0.5, 1.0))
+    assert options.expected == 1 + 2 + 1 + 5 + 10 and options.out_dir == Path("runs/x")
+    with pytest.raises(UsageError, match="concurrency '0' is not a whole number"):
+        bench_options("1,0")
+    with pytest.raises(UsageError, match="rate 'fast' is not a number"):
+        bench_options("1", rate="fast")
+    with pytest.raises(UsageError, match="nothing to measure"):
+        bench_options("none")
+
+
+def test_the_view_shows_the_run_and_is_silent_for_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from spark_cluster.ops.bench import Level, Sample
+    from spark_cluster.ops.bench_run import Began, BenchRun, Ended, Phase
+    from spark_cluster.ui import CONSOLES
+    from spark_cluster.ui.bench_run_view import BenchView, bench_saved, bench_tables
+
+    level = Level(2, (Sample(8, 0.1, 1.0), Sample(8, 0.2, 1.0, error="HTTP 500")), 1.0)
+    events = [Began("m", "http://h/v1", 8, 2), Phase("concurrency"), *level.samples, level, Ended()]
+    shown = {}
+    for quiet in (False, True):
+        out = io.StringIO()
+        monkeypatch.setattr(CONSOLES, "out", Console(file=out, width=200))
+        with BenchView(quiet=quiet) as view:
+            for event in events:
+                view(event)
+        shown[quiet] = out.getvalue()
+    assert shown[True] == ""
+    assert shown[False].startswith("bench m at http://h/v1: 8 tokens per request\n")
+    assert "concurrency 2: 1/2 ok, 8 tokens each" in shown[False] and "failed: HTTP 500" in shown[False]
+    run = BenchRun({"levels": [level.as_dict()]}, (level,), None, (Path("o/bench.json"),), "old", [])
+    assert run.failed and run.as_json()["compare"] == {"against": "old", "changes": []}
+    out = io.StringIO()
+    monkeypatch.setattr(CONSOLES, "out", Console(file=out, width=200))
+    bench_tables(run)
+    bench_saved(run, [Path("o/x.png")])
+    assert "aggregate tok/s" in out.getvalue() and "wrote o/bench.json, o/x.png" in out.getvalue()
+    assert "compare: nothing measured here was measured in old" in out.getvalue()

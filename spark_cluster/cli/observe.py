@@ -9,7 +9,6 @@ import click
 
 from spark_cluster import ui
 from spark_cluster.cli.params import count, seconds
-from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.ui.jsonout import dumps
 
 
@@ -103,108 +102,24 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
     \b
     spark-cluster bench lab.yaml -c 1,2,4 --prompt-lengths 128,1024,4096 --rate 0.5,1 --out runs/today
     """
-    from spark_cluster.core.errors import UsageError
-    from spark_cluster.core.serve_plan import serve_plan
-    from spark_cluster.ops import bench as sweep_
-    from spark_cluster.ops import bench_sweeps
+    from spark_cluster.ops.bench_run import bench_options, run_bench
     from spark_cluster.ops.inventory import load_inventory
-    from spark_cluster.ops.nodes import fleet_for
-    from spark_cluster.ops.reach import reach
-    from spark_cluster.ops.serve import running
+    from spark_cluster.ui.bench_run_view import BenchView, bench_saved, bench_tables
 
-    try:
-        levels = () if concurrency.strip().lower() == "none" else sweep_.parse_levels(concurrency)
-        lengths = bench_sweeps.parse_list(prompt_lengths, int, "prompt length", 1, 1_000_000) \
-            if prompt_lengths else ()
-        rates = bench_sweeps.parse_list(rate, float, "rate", 0.01, 1000) if rate else ()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if not (levels or lengths or rates):
-        raise UsageError("nothing to measure: give --concurrency, --prompt-lengths or --rate")
-    from pathlib import Path
-
-    from spark_cluster.ops import bench_out
-
-    earlier = bench_out.load(Path(compare_dir)) if compare_dir else None
+    options = bench_options(concurrency, prompt_lengths, rate, duration_s=duration, seed=seed, max_tokens=max_tokens,
+                            prompt=prompt, out_dir=out_dir, compare_dir=compare_dir)
     inv = load_inventory(inventory)
-    plan = serve_plan(inv)
-    # Asked over SSH first: a stopped cluster is said as such, and no request goes to an
-    # endpoint that is not this cluster's.
-    with fleet_for(inv, only=inv.head.name) as fleet, reach(plan, fleet) as reachable:
-        if not running(fleet.node(plan.head.node), plan.head):
-            raise SparkClusterError(f"vLLM of this cluster is not running on {plan.head.node}\n"
-                                    f"  hint: spark-cluster up {inventory}")
-        data = _bench(inventory, plan, reachable, levels, lengths, rates, duration, seed, max_tokens, prompt,
-                      as_json)
-    if out_dir:
+    with BenchView(quiet=as_json) as view:
+        run = run_bench(inv, options, view)
+    if not as_json:
+        bench_tables(run)
+    plots = []
+    if options.out_dir:
         from spark_cluster.ui.bench_plots import plot
 
-        files = bench_out.write(Path(out_dir), data) + plot(Path(out_dir), data)
-        if not as_json:
-            ui.CONSOLES.out.print(f"wrote {', '.join(str(f) for f in files)}")
-    if earlier is not None:
-        changes = bench_out.compare(data, earlier)
-        if as_json:
-            data["compare"] = {"against": compare_dir, "changes": changes}
-        else:
-            from spark_cluster.ui.bench_sweep_view import compare_table
-
-            compare_table(changes, compare_dir)
+        plots = plot(options.out_dir, run.data)
     if as_json:
-        ui.CONSOLES.out.out(dumps(data))
-    failed = [r for section in ("levels", "prompt_lengths", "rates") for r in data.get(section) or ()
-              if r.get("failed") or r.get("error")]
-    return 1 if failed else 0
-
-
-def _bench(inventory: str, plan, reachable, levels, lengths, rates, duration: float, seed: int,  # noqa: ANN001 - ServePlan x2, tuples
-           max_tokens: int, prompt: str | None, as_json: bool) -> dict:
-    from spark_cluster.core.recipes import load_recipe
-    from spark_cluster.ops import bench as sweep_
-    from spark_cluster.ops import bench_sweeps
-    from spark_cluster.ops.readiness import readiness
-    from spark_cluster.ops.serve import api_key
-    from spark_cluster.ui.bench_sweep_view import (
-        BenchProgress,
-        prompt_table,
-        rate_table,
-    )
-
-    problem = readiness(reachable)  # also the warm-up request
-    if problem is not None:
-        raise SparkClusterError(f"vLLM at {plan.endpoint} does not serve yet: {problem}\n"
-                                f"  hint: `spark-cluster up {inventory}` follows its start")
-    reference = load_recipe(plan.recipe).reference if plan.recipe else None
-    endpoint, model, key, text = reachable.endpoint, plan.served_model_name, api_key(plan), prompt or sweep_.PROMPT
-    if not as_json:
-        ui.CONSOLES.out.print(f"bench {model} at {plan.endpoint}: {max_tokens} tokens per request")
-    expected = sum(levels) + len(lengths) + sum(round(r * duration) for r in rates)
-    data: dict = {"model": model, "endpoint": plan.endpoint, "max_tokens": max_tokens,
-                  "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    with BenchProgress(expected, quiet=as_json) as progress:
-        if levels:
-            progress.phase("concurrency")
-            done = sweep_.sweep(endpoint, model, key, levels, max_tokens, text,
-                                on_level=(lambda _: None) if as_json else progress.level, on_sample=progress.sample)
-            data["levels"] = [level.as_dict() for level in done]
-            data["reference"] = {"source": reference.source, "aggregate_tok_s": dict(reference.tok_s)} \
-                if reference and reference.tok_s else None
-        if lengths:
-            progress.phase("prompt lengths")
-            points = bench_sweeps.prompt_sweep(endpoint, model, key, lengths, on_sample=progress.sample)
-            data["prompt_lengths"] = [p.as_dict() for p in points]
-        if rates:
-            data["rates"] = []
-            for r in rates:
-                progress.phase(f"rate {r:g}/s for {duration:g} s")
-                point = bench_sweeps.rate_run(endpoint, model, key, r, duration, max_tokens, text, seed,
-                                              on_sample=progress.sample)
-                data["rates"].append(point.as_dict())
-    if not as_json:
-        if levels:
-            ui.bench_table(done, reference)
-        if lengths:
-            prompt_table(data["prompt_lengths"])
-        if rates:
-            rate_table(data["rates"])
-    return data
+        ui.CONSOLES.out.out(dumps(run.as_json()))
+    else:
+        bench_saved(run, plots)
+    return 1 if run.failed else 0

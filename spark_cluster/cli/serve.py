@@ -5,16 +5,13 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-import time
 from collections.abc import Iterator
 
 import click
 
 from spark_cluster import ui
 from spark_cluster.cli.params import count, seconds
-from spark_cluster.core import shell
 from spark_cluster.core.diagnose import STALLED_AFTER_S
-from spark_cluster.core.errors import SparkClusterError
 
 
 @click.command()
@@ -124,42 +121,12 @@ def down(inventory: str) -> int:
 @click.option("-n", "--lines", type=count(0, 1_000_000), default=50, show_default=True, help="How many last lines first.")
 def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int:
     """The head's vLLM log (a worker's: its Ray log, or its vLLM log with executor mp), as `tail [-f]`."""
-    from spark_cluster.core.ray_plan import state_dir
-    from spark_cluster.core.shell import remote_path
     from spark_cluster.ops.inventory import load_inventory
+    from spark_cluster.ops.logs import log_source, tail
     from spark_cluster.ops.nodes import fleet_for
 
     inv = load_inventory(inventory)
-    spec = inv.node(node_name) if node_name else inv.head
-    directory = state_dir(inv.cluster.name)
-    vllm_here = inv.model is not None and (spec.is_head or inv.cluster.executor == "mp")
-    path = remote_path(f"{directory}/{'vllm.log' if vllm_here else 'ray.log'}")
-    if not vllm_here and inv.cluster.runtime == "container":
-        # Ray runs as the container's command: its output is the container's log.
-        from spark_cluster.core.ray_plan import container_name
-
-        path = f"the log of container {container_name(inv)}"
-        source = f"docker logs {shell.word(container_name(inv))} 2>&1"
-    else:
-        source = f"cat {path}"
-    with fleet_for(inv, only=spec.name) as fleet:
-        node = fleet.node(spec.name)
-        first = node.run(f"out=$({source}) || exit 1; printf '%s\\n' \"$out\" | tail -n {int(lines)}; "
-                         f"printf '%s\\n' \"$out\" | wc -l", timeout=30)
-        if not first.ok:
-            raise SparkClusterError(f"{spec.name}: no log at {path}: {first.tail('stderr', 1)}\n"
-                                    "  hint: has `up` run on this cluster?")
-        *shown, count = first.stdout.rstrip("\n").split("\n")
-        ui.CONSOLES.out.out("\n".join(shown), highlight=False)
-        done = int(count) if count.strip().isdigit() else 0
-        try:
-            while follow:
-                time.sleep(1.0)
-                more = node.run(f"{source} | tail -n +{done + 1}", timeout=30).stdout
-                complete, _, _ = more.rpartition("\n")
-                if complete:
-                    ui.CONSOLES.out.out(complete, highlight=False)
-                    done += complete.count("\n") + 1
-        except KeyboardInterrupt:
-            pass
+    source = log_source(inv, node_name)
+    with fleet_for(inv, only=source.node) as fleet:
+        tail(fleet.node(source.node), source, lines, ui.log_text, follow=follow)
     return 0

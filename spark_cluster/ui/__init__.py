@@ -11,13 +11,13 @@ from spark_cluster.ui.jsonout import JsonLines
 from spark_cluster.ui.link_view import SyncView, linktest_event, linktest_report
 from spark_cluster.ui.nodes_view import exec_results, inventory_summary
 from spark_cluster.ui.serve_view import (
-    Waiting, forward_hint, plan_notes, ray_summary, ready_summary, status_view, vllm_status,
+    Waiting, forward_hint, log_text, plan_notes, ray_summary, ready_summary, status_view, vllm_status,
 )
 from spark_cluster.ui.watch_view import Dashboard, summary_line
 
 __all__ = [
     "CONSOLES", "Dashboard", "JsonLines", "SyncView", "Waiting", "bench_level", "bench_table", "check_report",
     "error", "exec_results", "finding_lines", "fix_plan", "fix_results", "forward_hint", "inventory_summary",
-    "linktest_event", "linktest_report", "plan_notes", "ray_summary", "ready_summary", "status_view",
+    "linktest_event", "linktest_report", "log_text", "plan_notes", "ray_summary", "ready_summary", "status_view",
     "summary_line", "vllm_status", "warn",
 ]

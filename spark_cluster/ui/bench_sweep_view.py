@@ -1,41 +1,11 @@
-"""bench's progress bar and its tables: prompt lengths, rates, and the change against a run."""
+"""bench's tables of its other sweeps: prompt lengths, rates, and the change against a run."""
 
 from __future__ import annotations
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from spark_cluster.ui.consoles import CONSOLES
-from spark_cluster.ui.bench_view import bench_level
-
-
-class BenchProgress:
-    """Requests done of those planned (a rate's count is its expectation, so the bar may end
-    a little short or long); silent with --json."""
-
-    def __init__(self, expected: int, quiet: bool = False) -> None:
-        self.quiet = quiet
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=CONSOLES.out, transient=True, disable=quiet)
-        self.task = self.progress.add_task("bench", total=max(1, expected))
-
-    def __enter__(self) -> "BenchProgress":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)  # type: ignore[arg-type]
-
-    def phase(self, name: str) -> None:
-        self.progress.update(self.task, description=name)
-
-    def sample(self, _: object) -> None:  # called from request threads: rich's Progress is thread-safe
-        self.progress.advance(self.task)
-
-    def level(self, level: object) -> None:
-        if not self.quiet:
-            bench_level(level)
 
 
 def _n(x: object, fmt: str = ".1f") -> str:

@@ -133,3 +133,8 @@ def vllm_status(data: dict) -> None:
     metrics = {**vllm["metrics"], **(vllm.get("throughput") or {})}
     if metrics:
         CONSOLES.out.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
+
+
+def log_text(text: str) -> None:
+    """Lines of a log as they are: no markup, no highlighting."""
+    CONSOLES.out.out(text, highlight=False)
