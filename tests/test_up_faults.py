@@ -104,57 +104,82 @@ def test_a_stage_error_gets_its_stage_node_and_the_inventory_path() -> None:
     assert "`spark-cluster up lab.yaml --restart`" in str(said) and "INVENTORY" not in str(said)
 
 
-def _run(stages: list, monkeypatch: pytest.MonkeyPatch, interrupted: threading.Event | None) -> pipeline.Run:
-    monkeypatch.setattr(pipeline, "STAGES", tuple(stages))
+def _up(stages: list, monkeypatch: pytest.MonkeyPatch, interrupted: threading.Event | None) -> pipeline.UpOutcome:
+    """`up` over these stage functions (each keeping its result as `weights`), on two nodes."""
+    monkeypatch.setattr(pipeline, "STAGES", tuple(pipeline.Stage(stage, "weights") for stage in stages))
     nodes = [SimpleNamespace(name="spark-a"), SimpleNamespace(name="spark-b")]
     inventory = SimpleNamespace(path=Path("lab.yaml"), nodes=nodes, head=nodes[0])
     fleet = Fleet([_Node("spark-a", "a1"), _Node("spark-b", "b1")])  # type: ignore[list-item]
-    return pipeline.Run(inventory, fleet, None, lambda event: None, interrupted=interrupted)  # type: ignore[arg-type]
+    given = pipeline.UpInput(inventory, fleet, None)  # type: ignore[arg-type]
+    return pipeline.up(given, pipeline.Shared(lambda event: None, interrupted))
 
 
 def test_ctrl_c_inside_a_stage_ends_interrupted_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     ctrl_c = threading.Event()
 
-    def weights(run: pipeline.Run) -> pipeline.Run:
-        run.begin("weights", "copy")
+    def weights(given: pipeline.UpInput, shared: pipeline.Shared) -> None:
+        shared.begin("weights", "copy")
         ctrl_c.set()
-        run.emit(pipeline.events.WeightsEvent("progress", {}))  # the next event raises
+        shared.emit(pipeline.events.WeightsEvent("progress", {}))  # the next event raises
         raise AssertionError("not reached")
     with pytest.raises(StoppedFollowing) as caught:
-        pipeline.up(_run([weights], monkeypatch, ctrl_c))
+        _up([weights], monkeypatch, ctrl_c)
     assert caught.value.details["stage"] == "weights" and "`spark-cluster up lab.yaml`" in str(caught.value)
 
 
 def test_ctrl_c_between_stages_names_the_one_done_not_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     ctrl_c = threading.Event()
 
-    def ray(run: pipeline.Run) -> pipeline.Run:
-        run.begin("ray", "head")
+    def ray(given: pipeline.UpInput, shared: pipeline.Shared) -> None:
+        shared.begin("ray", "head")
         ctrl_c.set()
-        return run
 
-    def vllm(run: pipeline.Run) -> pipeline.Run:
-        run.begin("vllm", "start")
+    def vllm(given: pipeline.UpInput, shared: pipeline.Shared) -> None:
+        shared.begin("vllm", "start")
         raise AssertionError("not reached")
     with pytest.raises(StoppedFollowing) as caught:
-        pipeline.up(_run([ray, vllm], monkeypatch, ctrl_c))
+        _up([ray, vllm], monkeypatch, ctrl_c)
     assert caught.value.details["stage"] == "ray"
 
 
 def test_a_copy_interrupted_names_the_node_receiving_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    def weights(run: pipeline.Run) -> pipeline.Run:
-        run.begin("weights", "copy")
+    def weights(given: pipeline.UpInput, shared: pipeline.Shared) -> None:
+        shared.begin("weights", "copy")
         raise SyncInterrupted("sync interrupted", "spark-b")
     with pytest.raises(StoppedFollowing) as caught:
-        pipeline.up(_run([weights], monkeypatch, threading.Event()))
+        _up([weights], monkeypatch, threading.Event())
     assert caught.value.details["node"] == "spark-b" and "copy to spark-b was stopped" in str(caught.value)
 
 
 def test_without_the_clis_flag_a_ctrl_c_stays_the_callers(monkeypatch: pytest.MonkeyPatch) -> None:
-    def ray(run: pipeline.Run) -> pipeline.Run:
+    def ray(given: pipeline.UpInput, shared: pipeline.Shared) -> None:
         raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        pipeline.up(_run([ray], monkeypatch, None))
+        _up([ray], monkeypatch, None)
+
+
+def test_each_stage_is_given_the_plan_the_one_before_returned_and_its_result_is_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """check's result carries the plan spelled for the installed vLLM: the later stages are given
+    that one, and `up` returns every stage's result with the stage counter the stages shared."""
+    seen = []
+
+    def check(given: pipeline.UpInput, shared: pipeline.Shared) -> pipeline.CheckResult:
+        shared.begin("check", "2 nodes")
+        return pipeline.CheckResult("report", "respelled")  # type: ignore[arg-type]
+
+    def runtime(given: pipeline.UpInput, shared: pipeline.Shared) -> str:
+        shared.begin("ray", "head")
+        seen.append((given.plan, shared.number))
+        return "ray up"
+    monkeypatch.setattr(pipeline, "STAGES", (pipeline.Stage(check, "checked"), pipeline.Stage(runtime, "runtime")))
+    inventory = SimpleNamespace(path=Path("lab.yaml"), nodes=[], head=SimpleNamespace(name="spark-a"))
+    emitted: list = []
+    given = pipeline.UpInput(inventory, Fleet([]), "planned")  # type: ignore[arg-type]
+    done = pipeline.up(given, pipeline.Shared(emitted.append))
+    assert seen == [("respelled", 2)] and given.plan == "planned"
+    assert (done.plan, done.runtime, done.checked.report) == ("respelled", "ray up", "report")  # type: ignore[union-attr]
+    assert [type(e).__name__ for e in emitted] == ["Stage", "Stage", "Done"]
 
 
 def test_a_disk_filled_by_the_copy_names_the_node_and_the_disk() -> None:

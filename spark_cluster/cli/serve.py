@@ -33,7 +33,7 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
-    from spark_cluster.ops.pipeline import Run
+    from spark_cluster.ops.pipeline import Shared, UpInput, UpOptions
     from spark_cluster.ops.pipeline import up as run_up
     from spark_cluster.ui.up_view import UpView
 
@@ -57,8 +57,8 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             ui.warn(auth_warning(inv))
     with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), UpView(inv, as_json) as view, \
             _ctrl_c() as interrupted:
-        run_up(Run(inv, fleet, plan, view, until=until, restart=restart, timeout_s=timeout_s,
-                   stalled_after=stalled_after, interrupted=interrupted))
+        options = UpOptions(until=until, restart=restart, timeout_s=timeout_s, stalled_after=stalled_after)
+        run_up(UpInput(inv, fleet, plan, options), Shared(view, interrupted))
     return 0
 
 

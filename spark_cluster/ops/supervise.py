@@ -168,13 +168,14 @@ class Supervisor:
 
     def _bring_up(self, cause: str, budgeted: bool) -> bool:
         """`up` until the runtime, then vLLM started (or the running one kept) and followed."""
-        from spark_cluster.ops.pipeline import Run, up
+        from spark_cluster.ops.pipeline import Shared, UpInput, UpOptions, up
 
         self.log("up", cause=cause)
         began = time.monotonic()
         try:
-            run = up(Run(self.inv, self.fleet, self.plan, self._emit, until="ray", timeout_s=self.timeout_s))
-            self.plan = run.plan
+            done = up(UpInput(self.inv, self.fleet, self.plan, UpOptions(until="ray", timeout_s=self.timeout_s)),
+                      Shared(self._emit))
+            self.plan = done.plan
             if not self._vllm_serves():
                 if not self._stop_vllm(check_memory=budgeted):
                     return False
