@@ -8,7 +8,7 @@ from rich.console import Console
 
 from spark_cluster.ui.load_view import LoadView, clock
 from spark_cluster.core.vllm_log import Tracker
-from spark_cluster.ops.follow import Progress, _note, node_of
+from spark_cluster.ops.follow import Progress, node_of, note_event
 
 NODES = {"192.168.100.10": "spark-a", "192.168.100.11": "spark-b"}
 LOG = """\
@@ -31,7 +31,7 @@ def fed(text: str, progress: Progress | None = None, at: float = 0.0) -> Progres
     feeder = tracker or _TRACKERS[id(progress)]
     _TRACKERS[id(progress)] = feeder
     for event in feeder.feed(text):
-        _note(progress, event, "spark-a", NODES)
+        note_event(progress, event, "spark-a", NODES)
     return progress
 
 
@@ -190,14 +190,14 @@ def test_a_placement_group_wait_says_what_to_check_at_once_and_clears_once_creat
 
 
 def test_the_failed_node_is_the_evidence_line_s_when_a_rank_printed_it() -> None:
-    from spark_cluster.ops.follow import _failed_node
+    from spark_cluster.ops.follow import failing_node
 
     text = ["(EngineCore pid=5) (RayWorkerWrapper pid=9, ip=192.168.100.11) ERROR 11-22 03:10:11 "
             "[worker_base.py:631] Error executing method 'determine_available_memory'."]
     local = "(EngineCore pid=5) (RayWorkerWrapper pid=8) RuntimeError: NCCL error: unhandled system error"
     remote = "(EngineCore pid=5) (RayWorkerWrapper pid=9, ip=192.168.100.11) RuntimeError: NCCL error"
-    assert _failed_node(text, NODES, local, "spark-a") == "spark-a"  # no ip: the driver's own node
-    assert _failed_node(text, NODES, remote, "spark-a") == "spark-b"
+    assert failing_node(text, NODES, local, "spark-a") == "spark-a"  # no ip: the driver's own node
+    assert failing_node(text, NODES, remote, "spark-a") == "spark-b"
     engine = "(EngineCore pid=5) ValueError: No available memory for the cache blocks."
-    assert _failed_node(text, NODES, engine, "spark-a") == "spark-b"  # the first remote error line
-    assert _failed_node([], NODES, engine, "spark-a") is None
+    assert failing_node(text, NODES, engine, "spark-a") == "spark-b"  # the first remote error line
+    assert failing_node([], NODES, engine, "spark-a") is None

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from spark_cluster.core.inventory import load_inventory
-from spark_cluster.ops.linktest import _allgather_findings
+from spark_cluster.ops.linktest import allgather_findings
 from spark_cluster.core.nccl_log import parse_nccl
 
 DATA = Path(__file__).parent / "data" / "nccl"
@@ -46,22 +46,22 @@ def _t(name: str) -> dict:
 
 
 def test_findings_from_the_transport() -> None:
-    assert [f.id for f in _allgather_findings(SIM, _ag({"spark-a": _t("roce-two-hcas.log")}))] == []
-    socket = _allgather_findings(SIM, _ag({"spark-b": _t("socket-fallback.log")}, bus=3.0))
+    assert [f.id for f in allgather_findings(SIM, _ag({"spark-a": _t("roce-two-hcas.log")}))] == []
+    socket = allgather_findings(SIM, _ag({"spark-b": _t("socket-fallback.log")}, bus=3.0))
     assert [(f.id, f.node, f.severity.value) for f in socket][0] == ("link.nccl-socket", "spark-b", "blocker")
     assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in socket[0].fix.note
-    one = _allgather_findings(SIM, _ag({"spark-a": _t("one-hca.log")}))
+    one = allgather_findings(SIM, _ag({"spark-a": _t("one-hca.log")}))
     assert [f.id for f in one] == ["link.nccl-one-hca"]
 
 
 def test_bus_bandwidth_below_the_inventory_floor() -> None:
-    slow = _allgather_findings(SIM, _ag({}, bus=0.001, backend="gloo"))
+    slow = allgather_findings(SIM, _ag({}, bus=0.001, backend="gloo"))
     assert [f.id for f in slow] == ["link.bus-slow"] and "Gloo" in slow[0].message
-    assert _allgather_findings(SIM, _ag({}, bus=0.5, backend="gloo")) == []
+    assert allgather_findings(SIM, _ag({}, bus=0.5, backend="gloo")) == []
 
 
 def test_missing_torch_is_a_finding_with_its_fix() -> None:
-    found = _allgather_findings(SIM, {"error": "no-torch", "python": "/run/spark-lab/python", "sizes": [],
+    found = allgather_findings(SIM, {"error": "no-torch", "python": "/run/spark-lab/python", "sizes": [],
                                       "errors": {"spark-a": "no-torch"}, "transport": {}})
     assert [f.id for f in found] == ["link.no-torch"] and "install" in found[0].fix.note
 

@@ -27,7 +27,7 @@ from spark_cluster.ops import health
 from spark_cluster import ui
 from spark_cluster.core.inventory import InventoryError, load_inventory, parse_inventory
 from spark_cluster.core.programs import source
-from spark_cluster.ops.ray_cluster import RayError, _describe, _start_host, bring_up, query_state
+from spark_cluster.ops.ray_cluster import RayError, bring_up, describe_plans, query_state, start_host_command
 from spark_cluster.core.ray_plan import (
     auth_warning,
     config_digest,
@@ -94,7 +94,7 @@ def test_every_ray_node_and_the_vllm_driver_get_the_mode_and_the_file(base) -> N
     for p in plan(base):
         assert (p.env["RAY_AUTH_MODE"], p.env["RAY_AUTH_TOKEN_PATH"]) == ("token", path)
         assert "RAY_AUTH_TOKEN_PATH" not in p.secrets  # a path: public, shown and recorded
-        command = docker_run(base, p) if base is LAB else _start_host(base, p)
+        command = docker_run(base, p) if base is LAB else start_host_command(base, p)
         # The node's shell expands its own home: Ray reads an absolute path.
         assert f"RAY_AUTH_TOKEN_PATH=\"$HOME\"/.cache/spark-cluster/{name}/ray_auth_token" in command
         if base is LAB:  # the file is at the same path inside the container
@@ -200,7 +200,7 @@ def test_up_makes_one_token_per_cluster_in_a_0600_file_sent_on_stdin(nodes: list
     written = [(c, s) for n in nodes for c, s in n.calls if s == token]
     assert len(written) == 2 and all("umask 077" in c and "chmod 600" in c for c, _ in written)
     record = next(c for c, _ in nodes[0].calls if "> " in c and "ray.json" in c)
-    assert token not in record and token not in json.dumps(_describe(plan(SIM)))
+    assert token not in record and token not in json.dumps(describe_plans(plan(SIM)))
 
 
 def test_a_running_cluster_keeps_its_token_and_a_joining_worker_gets_the_heads(nodes: list[Node]) -> None:
@@ -214,7 +214,7 @@ def test_a_running_cluster_keeps_its_token_and_a_joining_worker_gets_the_heads(n
 
     def with_record(command: str, **kwargs: object) -> Result:
         if command.startswith("cat ") and "ray.json" in command:
-            wanted = {"digest": config_digest(SIM), "nodes": _describe(plan(SIM))}
+            wanted = {"digest": config_digest(SIM), "nodes": describe_plans(plan(SIM))}
             return Result("spark-a", command, json.dumps(wanted), "", 0, 0.01)
         return head_record(command, **kwargs)  # type: ignore[arg-type]
 

@@ -22,7 +22,7 @@ from spark_cluster.transport.remote import (
     sudo_line,
     with_env,
 )
-from spark_cluster.transport.ssh_connect import UnknownHostKey, _translate, known_hosts_files
+from spark_cluster.transport.ssh_connect import UnknownHostKey, known_hosts_files, translate_error
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,7 +106,7 @@ def test_changed_host_key_names_node_and_removal_command(tmp_path: Path) -> None
     old, new = _key(tmp_path, "old"), _key(tmp_path, "new")
     known.write_text(f"10.0.0.12 {old.get_name()} {old.get_base64()}\n")
     exc = paramiko.BadHostKeyException("10.0.0.12", new, old)
-    err = _translate(exc, "spark-b", "10.0.0.12", "root", 22, None, [known])
+    err = translate_error(exc, "spark-b", "10.0.0.12", "root", 22, None, [known])
     assert isinstance(err, ConnectError)
     text = str(err)
     assert text.startswith("spark-b: host key of 10.0.0.12 has CHANGED")
@@ -116,7 +116,7 @@ def test_changed_host_key_names_node_and_removal_command(tmp_path: Path) -> None
 
 def test_unknown_host_key_on_other_port(tmp_path: Path) -> None:
     key = _key(tmp_path, "k")
-    err = _translate(UnknownHostKey("[10.0.0.12]:2222", key), "spark-b", "10.0.0.12", "root",
+    err = translate_error(UnknownHostKey("[10.0.0.12]:2222", key), "spark-b", "10.0.0.12", "root",
                      2222, None, [tmp_path / "kh"])
     assert "spark-b: host [10.0.0.12]:2222 is not in known_hosts" in str(err)
     assert "ssh-keyscan -p 2222 10.0.0.12" in str(err)
@@ -139,7 +139,7 @@ def test_unknown_host_key_on_other_port(tmp_path: Path) -> None:
     ],
 )
 def test_transport_errors_become_one_line_per_node(exc: Exception, expected: str) -> None:
-    err = _translate(exc, "spark-a", "h", "root", 22, None, [])
+    err = translate_error(exc, "spark-a", "h", "root", 22, None, [])
     assert isinstance(err, ConnectError)
     first = str(err).splitlines()[0]
     assert first == f"spark-a: {expected}" or first.startswith(f"spark-a: {expected}")
@@ -148,7 +148,7 @@ def test_transport_errors_become_one_line_per_node(exc: Exception, expected: str
 
 def test_unknown_exceptions_are_not_disguised() -> None:
     exc = ZeroDivisionError("bug")
-    assert _translate(exc, "spark-a", "h", "root", 22, None, []) is exc
+    assert translate_error(exc, "spark-a", "h", "root", 22, None, []) is exc
 
 
 def test_known_hosts_files_inventory_first() -> None:

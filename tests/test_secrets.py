@@ -18,7 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from spark_cluster.core.inventory import load_inventory
-from spark_cluster.ops.ray_cluster import _describe, _start_host, config_diff
+from spark_cluster.ops.ray_cluster import config_diff, describe_plans, start_host_command
 from spark_cluster.core.ray_plan import config_digest, docker_run, plan, plan_mp
 from spark_cluster.core.secrets import container_file_lines, is_secret, source_and_remove, stdin_lines
 from spark_cluster.ops.serve import secret_values, start_command
@@ -47,9 +47,9 @@ def test_ray_start_carries_secrets_on_stdin_only(base) -> None:  # type: ignore[
     for p in plan(inv):
         assert dict(p.secrets) == {"HF_TOKEN": SECRET} and "HF_TOKEN" not in p.env
         assert SECRET not in repr(p)
-        command = docker_run(inv, p) if base is LAB else _start_host(inv, p)
+        command = docker_run(inv, p) if base is LAB else start_host_command(inv, p)
         assert SECRET not in command
-    record = json.dumps({"digest": config_digest(inv), "nodes": _describe(plan(inv))})
+    record = json.dumps({"digest": config_digest(inv), "nodes": describe_plans(plan(inv))})
     assert SECRET not in record and '"secrets": ["HF_TOKEN"]' in record
     assert config_digest(inv) != config_digest(with_env(base, HF_TOKEN="another"))  # a new value is a change
 
@@ -96,7 +96,7 @@ def test_vllm_start_exports_secret_variables_from_stdin(base, mp: bool) -> None:
 @given(value=st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=12, max_size=40))
 def test_no_secret_value_in_any_command_or_record(value: str) -> None:
     def texts_of(inv) -> list[str]:  # type: ignore[no-untyped-def]
-        texts = [_start_host(inv, p) for p in plan(inv)] + [json.dumps(_describe(plan(inv)))]
+        texts = [start_host_command(inv, p) for p in plan(inv)] + [json.dumps(describe_plans(plan(inv)))]
         texts += [start_command(c) for c in serve_plan(inv).commands] + [json.dumps(launch_record(serve_plan(inv)))]
         return texts + [" ".join(p.args) for p in plan_mp(inv, ["x"])]
 
@@ -124,10 +124,10 @@ def test_every_test_docs_security_names_exists() -> None:
 
 @pytest.mark.parametrize("base", [LAB, SIM], ids=["container", "host"])
 def test_linktest_allgather_carries_secrets_on_stdin_only(base) -> None:  # type: ignore[no-untyped-def]
-    from spark_cluster.ops.linktest import _runtime_command, allgather_stdin
+    from spark_cluster.ops.linktest import allgather_stdin, runtime_command
 
     env = {"HF_TOKEN": SECRET, "VLLM_API_KEY": "k-" + SECRET, "NCCL_DEBUG": "INFO"}
-    line = _runtime_command(base, env, ["--rank", "0"])
+    line = runtime_command(base, env, ["--rank", "0"])
     assert SECRET not in line and "IFS= read -r HF_TOKEN && export HF_TOKEN" in line
     assert "NCCL_DEBUG=INFO" in line
     assert allgather_stdin(env) == f"{SECRET}\nk-{SECRET}\n"
@@ -136,11 +136,11 @@ def test_linktest_allgather_carries_secrets_on_stdin_only(base) -> None:  # type
 
 def test_linktest_timeout_message_carries_no_secret() -> None:
     from spark_cluster.core.errors import SparkClusterError
-    from spark_cluster.ops.linktest import _runtime_command, allgather_stdin
+    from spark_cluster.ops.linktest import allgather_stdin, runtime_command
     from spark_cluster.transport.remote import LocalNode
 
     env = {"HF_TOKEN": SECRET}
-    line = _runtime_command(SIM, env, []).split("env ", 1)[0] + "sleep 5"
+    line = runtime_command(SIM, env, []).split("env ", 1)[0] + "sleep 5"
     with pytest.raises(SparkClusterError) as caught:
         LocalNode("here").run(line, timeout=0.5, stdin=allgather_stdin(env))
     assert "timeout" in str(caught.value) and SECRET not in str(caught.value)

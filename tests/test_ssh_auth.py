@@ -15,7 +15,7 @@ from spark_cluster.core.errors import ConnectError
 from spark_cluster.ops.inventory import parse_inventory
 from spark_cluster.transport.ssh_auth import KeyProblem, keys_for, public_blob
 from spark_cluster.transport.ssh_config import route
-from spark_cluster.transport.ssh_connect import UnknownHostKey, _hop, _translate, open_connection
+from spark_cluster.transport.ssh_connect import UnknownHostKey, open_connection, parse_jump, translate_error
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -172,7 +172,7 @@ def test_route_reads_an_alias_as_openssh_does(home: Path) -> None:
     assert way.proxy_jump == "admin@bastion:2200,spark-a" and way.via == "jump host admin@bastion:2200,spark-a"
     plain = route("10.0.0.5")
     assert (plain.hostname, plain.user, plain.port, plain.via) == ("10.0.0.5", "fallback", None, None)
-    assert [_hop(h) for h in ("admin@bastion:2200", "spark-a", "[fe80::1]:23")] == [
+    assert [parse_jump(h) for h in ("admin@bastion:2200", "spark-a", "[fe80::1]:23")] == [
         ("admin", "bastion", 2200), (None, "spark-a", None), (None, "fe80::1", 23)]
 
 
@@ -248,7 +248,7 @@ def _hint(err: Exception) -> str:
 
 
 def test_a_refused_key_names_ssh_copy_id_and_what_was_offered(tmp_path: Path) -> None:
-    err = _translate(paramiko.AuthenticationException("no"), "spark-b", "10.0.0.12", "nvidia", 22,
+    err = translate_error(paramiko.AuthenticationException("no"), "spark-b", "10.0.0.12", "nvidia", 22,
                      "/k/id", [], offered=["/k/id (from the ssh-agent)"])
     assert str(err).splitlines()[0] == ("spark-b: authentication failed for nvidia@10.0.0.12:22: "
                                         "it refused the key(s) offered: /k/id (from the ssh-agent)")
@@ -257,21 +257,21 @@ def test_a_refused_key_names_ssh_copy_id_and_what_was_offered(tmp_path: Path) ->
 
 def test_a_jump_host_that_refuses_or_does_not_answer_is_named() -> None:
     refused = paramiko.ssh_exception.NoValidConnectionsError({("10.0.0.11", 22): OSError(errno.ECONNREFUSED, "r")})
-    err = _translate(refused, "spark-b (jump host bastion)", "10.0.0.11", "admin", 22, None, [], jump="bastion")
+    err = translate_error(refused, "spark-b (jump host bastion)", "10.0.0.11", "admin", 22, None, [], jump="bastion")
     assert str(err).startswith("spark-b (jump host bastion): cannot reach jump host bastion (admin@10.0.0.11:22) "
                                "refused by 10.0.0.11:22")
     assert "ProxyJump" in _hint(err)
-    err = _translate(socket.timeout("timed out"), "spark-b (jump host bastion)", "10.0.0.11", "admin", 22,
+    err = translate_error(socket.timeout("timed out"), "spark-b (jump host bastion)", "10.0.0.11", "admin", 22,
                      None, [], jump="bastion")
     assert "cannot reach jump host bastion (admin@10.0.0.11:22) (timed out)" in str(err)
-    err = _translate(paramiko.AuthenticationException("no"), "spark-b (jump host bastion)", "10.0.0.11",
+    err = translate_error(paramiko.AuthenticationException("no"), "spark-b (jump host bastion)", "10.0.0.11",
                      "admin", 22, None, [], offered=["~/.ssh/id_ed25519"], jump="bastion")
     assert "install the key on the jump host" in _hint(err) and "IdentityFile" in _hint(err)
 
 
 def test_a_jump_host_that_cannot_reach_the_node_is_named() -> None:
     exc = paramiko.ChannelException(2, "Connect failed")
-    err = _translate(exc, "spark-b", "10.0.0.12", "nvidia", 22, None, [], via="jump host spark-a")
+    err = translate_error(exc, "spark-b", "10.0.0.12", "nvidia", 22, None, [], via="jump host spark-a")
     assert str(err).splitlines()[0] == ("spark-b: jump host spark-a could not open a connection to "
                                         "10.0.0.12:22 (Connect failed)")
     assert "ssh -J spark-a -p 22 nvidia@10.0.0.12 true" in _hint(err)
@@ -279,15 +279,15 @@ def test_a_jump_host_that_cannot_reach_the_node_is_named() -> None:
 
 def test_an_unknown_host_behind_a_jump_host_is_scanned_from_there(tmp_path: Path) -> None:
     key = paramiko.Ed25519Key.from_private_key_file(str(make_key(tmp_path / "h")))
-    err = _translate(UnknownHostKey("10.0.0.12", key), "spark-b", "10.0.0.12", "nvidia", 22, None,
+    err = translate_error(UnknownHostKey("10.0.0.12", key), "spark-b", "10.0.0.12", "nvidia", 22, None,
                      [tmp_path / "known"], via="jump host spark-a")
     assert f"`ssh spark-a ssh-keyscan -p 22 10.0.0.12 >> {tmp_path}/known`" in _hint(err)
 
 
 def test_connection_refused_and_timeout_keep_their_hints() -> None:
     refused = paramiko.ssh_exception.NoValidConnectionsError({("h", 22): OSError(errno.ECONNREFUSED, "r")})
-    assert "is sshd running on spark-a?" in _hint(_translate(refused, "spark-a", "h", "nvidia", 22, None, []))
-    late = _translate(socket.timeout("t"), "spark-a", "h", "nvidia", 22, None, [])
+    assert "is sshd running on spark-a?" in _hint(translate_error(refused, "spark-a", "h", "nvidia", 22, None, []))
+    late = translate_error(socket.timeout("t"), "spark-a", "h", "nvidia", 22, None, [])
     assert str(late).startswith("spark-a: no answer from nvidia@h:22 (timed out)") and "ping" in _hint(late)
 
 

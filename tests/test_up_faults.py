@@ -16,7 +16,7 @@ from spark_cluster.core.errors import (
     StoppedFollowing,
 )
 from spark_cluster.ops import pipeline
-from spark_cluster.ops.follow import _failed_node
+from spark_cluster.ops.follow import failing_node
 from spark_cluster.ops.node_loss import ssh_lost
 from spark_cluster.ops.sync import SyncInterrupted, TargetPlan, disk_full
 from spark_cluster.ops.stage_failure import explained, interrupted
@@ -44,12 +44,12 @@ SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection err
 
 def test_a_rank_ray_says_died_is_named_by_its_ip() -> None:
     evidence = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."
-    assert _failed_node([ACTOR_DIED], NODES_BY_IP, evidence, "spark-a") == "spark-b"
+    assert failing_node([ACTOR_DIED], NODES_BY_IP, evidence, "spark-a") == "spark-b"
 
 
 def test_an_ip_row_of_no_node_of_the_inventory_names_none() -> None:
     text = ACTOR_DIED.replace("192.168.100.11", "172.17.0.8")
-    assert _failed_node([text], NODES_BY_IP, "ActorDiedError", "spark-a") is None
+    assert failing_node([text], NODES_BY_IP, "ActorDiedError", "spark-a") is None
 
 
 class _Node:
@@ -199,7 +199,7 @@ def test_a_channel_that_never_opens_is_given_up_on_not_waited_for_an_hour(monkey
     a reset would hang `up` there (seen: its follow stuck in open_channel)."""
     import paramiko
 
-    from spark_cluster.transport.ssh_connect import _Connection
+    from spark_cluster.transport.ssh_connect import NodeConnection
 
     asked: list[float | None] = []
 
@@ -208,12 +208,12 @@ def test_a_channel_that_never_opens_is_given_up_on_not_waited_for_an_hour(monkey
             asked.append(timeout)
             raise paramiko.SSHException("Timeout opening channel.")
 
-    monkeypatch.setattr(_Connection, "open", lambda self: None)
-    connection = _Connection("spark-a")
+    monkeypatch.setattr(NodeConnection, "open", lambda self: None)
+    connection = NodeConnection("spark-a")
     connection.transport = Silent()
     with pytest.raises(paramiko.SSHException):
         connection.create_session()
-    assert asked == [_Connection.channel_timeout_s] and 0 < asked[0] <= 30
+    assert asked == [NodeConnection.channel_timeout_s] and 0 < asked[0] <= 30
 
 
 def test_a_progress_write_a_full_disk_refuses_leaves_no_tmp_and_the_last_progress(tmp_path: Path) -> None:

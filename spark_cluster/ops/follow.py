@@ -154,7 +154,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             _raise_cut_rail(fleet, plan, tracker.state, rails)
 
     def failed() -> ServeError:
-        node = _failed_node(text, nodes_by_ip, tracker.state.evidence, plan.head.node)
+        node = failing_node(text, nodes_by_ip, tracker.state.evidence, plan.head.node)
         return _diagnosis(plan, tracker.state, node)
     lost_since: float | None = None
     while True:
@@ -167,7 +167,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             if complete:
                 text.append(complete)
                 for event in tracker.feed(complete + "\n"):
-                    _note(progress, event, plan.head.node, nodes_by_ip)
+                    note_event(progress, event, plan.head.node, nodes_by_ip)
                 lines_done += complete.count("\n") + 1
                 last_growth = now
             if partial and partial != last_partial:  # a tqdm bar grows without a newline
@@ -248,7 +248,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 raise KeyboardInterrupt
 
 
-def _note(progress: Progress, event: Event, head: str, nodes_by_ip: dict[str, str] | None) -> None:
+def note_event(progress: Progress, event: Event, head: str, nodes_by_ip: dict[str, str] | None) -> None:
     """What one new log event adds: when its phase began, the shard clock, a node's loaded GiB."""
     if event.phase and event.phase not in progress.phase_times:
         # Ray forwards a remote rank's lines late: a phase first seen after a later one began
@@ -321,7 +321,7 @@ def _settle(head: Node, log: str, lines_done: int, deadline_s: float = 5.0) -> s
         time.sleep(0.5)
 
 
-def _failed_node(text: list[str], nodes_by_ip: dict[str, str] | None, evidence: str | None,
+def failing_node(text: list[str], nodes_by_ip: dict[str, str] | None, evidence: str | None,
                  head: str) -> str | None:
     """The node of the evidence when a Ray actor printed it (Ray names the ip of remote actors
     only: an actor's line without one comes from the head's node), else the node of a rank

@@ -127,7 +127,7 @@ def _tcp(fleet: Fleet, path: RailPath, streams: int, seconds: float) -> dict:
             "seconds": got["seconds"], "streams": got.get("streams", streams)}
 
 
-def _runtime_command(inventory: Inventory, env: dict[str, str], args: list[str]) -> str:
+def runtime_command(inventory: Inventory, env: dict[str, str], args: list[str]) -> str:
     """The all-gather inside the cluster's runtime: its host Python, or its container's.
     Secrets (HF_TOKEN, API keys) are not on this line: the shell that starts the all-gather
     reads them from stdin (`allgather_stdin`) and exports them, so neither `ps` nor a
@@ -145,7 +145,7 @@ def _runtime_command(inventory: Inventory, env: dict[str, str], args: list[str])
 
 
 def allgather_stdin(env: dict[str, str]) -> str | None:
-    """What `_runtime_command` reads: the secret values, one a line (None if there is none)."""
+    """What `runtime_command` reads: the secret values, one a line (None if there is none)."""
     secret = split(env)[1]
     return stdin_lines(secret) if secret else None
 
@@ -170,7 +170,7 @@ def allgather(inventory: Inventory, fleet: Fleet, timeout_s: float = 300.0) -> d
         env = {**node_env(inventory, spec), "NCCL_DEBUG": "INFO"}
         args = ["--rank", str(ranks.index(spec)), "--world", str(len(ranks)), "--master", master,
                 "--port", str(port), "--timeout", str(int(timeout_s / 2))]
-        result = fleet.node(spec.name).run(_runtime_command(inventory, env, args), timeout=timeout_s,
+        result = fleet.node(spec.name).run(runtime_command(inventory, env, args), timeout=timeout_s,
                                            stdin=allgather_stdin(env))
         return scrub(result.stdout, secrets), scrub(result.stderr, secrets), result.exit_code
 
@@ -267,7 +267,7 @@ def linktest(inventory: Inventory, fleet: Fleet, emit: Emit, gather: bool = True
         ag = allgather(inventory, fleet)
         result["allgather"] = ag
         emit("allgather", **{k: v for k, v in ag.items() if k != "transport"})
-        findings += _allgather_findings(inventory, ag)
+        findings += allgather_findings(inventory, ag)
     result["findings"] = [finding_dict(f) for f in findings]
     result["ok"] = not any(f.severity.value in ("blocker", "warning") for f in findings)
     result["seconds"] = round(time.monotonic() - began, 2)
@@ -327,7 +327,7 @@ def _rail_findings(inventory: Inventory, rails: list[dict], links) -> list[Findi
     return list(unique.values())
 
 
-def _allgather_findings(inventory: Inventory, ag: dict) -> list[Finding]:
+def allgather_findings(inventory: Inventory, ag: dict) -> list[Finding]:
     settings = inventory.cluster.linktest
     python = inventory.cluster.python or "python3"
     where = (f"the image {inventory.cluster.image}" if inventory.cluster.runtime == "container"

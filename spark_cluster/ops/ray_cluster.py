@@ -50,7 +50,7 @@ _QUOTED_RAY_PID = Raw('"$d/ray.pid"')
 _EACH_FILE = Raw('"$f"')
 
 
-def _start_host(inventory: Inventory, node_plan: RayNodePlan) -> str:
+def start_host_command(inventory: Inventory, node_plan: RayNodePlan) -> str:
     """Secrets are read from stdin and exported first (`secrets.exports`): Ray inherits them,
     and no command line holds their values."""
     d = _dir(inventory)
@@ -140,7 +140,7 @@ def _read_config(inventory: Inventory, head: Node) -> dict[str, object] | None:
         return None
 
 
-def _describe(plans: list[RayNodePlan]) -> dict[str, object]:
+def describe_plans(plans: list[RayNodePlan]) -> dict[str, object]:
     """What ray.json records of each node: public variables with values, secrets by name only."""
     return {p.node: {"start": p.start, "env": dict(p.env), "secrets": sorted(p.secrets)} for p in plans}
 
@@ -177,7 +177,7 @@ def _start(inventory: Inventory, node: Node, node_plan: RayNodePlan) -> None:
                      timeout=30, stdin=container_file_lines(node_plan.secrets)).check()
         result = node.run(f"{prepare_container(inventory)} && {docker_run(inventory, node_plan)}", timeout=120)
     else:
-        result = node.run(_start_host(inventory, node_plan), timeout=60,
+        result = node.run(start_host_command(inventory, node_plan), timeout=60,
                           stdin=stdin_lines(node_plan.secrets) if node_plan.secrets else None)
     if not result.ok:
         raise RayError(f"{node.name}: Ray did not start: {result.tail('stderr', 5) or result.tail('stdout', 5)}")
@@ -245,7 +245,7 @@ def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
     started_at = time.monotonic()
     head = fleet.node(inventory.head.name)
     plans = plan(inventory)
-    wanted = {"digest": config_digest(inventory), "nodes": _describe(plans)}
+    wanted = {"digest": config_digest(inventory), "nodes": describe_plans(plans)}
     running = _read_config(inventory, head)
     state = query_state(inventory, head)
     if state.refused and not restart:

@@ -134,7 +134,7 @@ _LOCK_WAIT = re.compile(r"Waiting for cache lock: Could not get lock (\S+?)\.? I
 _LOCK_TIMEOUT = re.compile(r"DPkg::Lock::Timeout=(\d+)", re.IGNORECASE)
 
 
-def _run_step(node: Node, step: PlannedStep, progress: Progress | None) -> Result:
+def run_step(node: Node, step: PlannedStep, progress: Progress | None) -> Result:
     """Run one step; when apt in it waits for the dpkg lock (unattended-upgrades holds it
     for minutes on DGX OS), say so at once, and again when the wait is over."""
     if progress is None:
@@ -182,7 +182,7 @@ def run_plans(node: Node, plans: Sequence[tuple[int, Plan]], approved: set[tuple
                     break
                 outcome.steps.append(reboot_and_wait(node, step, reboot_wait_s, progress))
             else:
-                result = _run_step(node, step, progress)
+                result = run_step(node, step, progress)
                 outcome.steps.append(StepOutcome(step, "ok" if result.ok else "failed", result))
             if outcome.steps[-1].status == "failed":
                 break

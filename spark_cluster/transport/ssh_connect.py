@@ -78,7 +78,7 @@ def _host_entry(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-class _Connection(Connection):
+class NodeConnection(Connection):
     """A fabric Connection that also closes the jump host's connection it was opened through,
     and gives up on a channel that does not open."""
 
@@ -148,7 +148,7 @@ def _gateway(name: str, way: Route, verify: _Verify, depth: int) -> "Connection 
     previous: Connection | bool = False
     try:
         for hop in (h.strip() for h in way.proxy_jump.split(",")):
-            hop_user, hop_host, hop_port = _hop(hop)
+            hop_user, hop_host, hop_port = parse_jump(hop)
             hop_way = route(hop_host)
             if hop_way.hostname == way.hostname:
                 break  # a wildcard Host block that names the host as its own jump host
@@ -170,7 +170,7 @@ def _login_name() -> str | None:
         return None
 
 
-def _hop(text: str) -> tuple[str | None, str, int | None]:
+def parse_jump(text: str) -> tuple[str | None, str, int | None]:
     """ProxyJump's `[user@]host[:port]`."""
     user, _, rest = text.rpartition("@")
     host, port = rest, None
@@ -212,7 +212,7 @@ def _open(
         if isinstance(gateway, Connection):
             gateway.close()
         raise ConnectError(name, f"cannot log in to {user}@{way.hostname}: {problem.message}", problem.hint) from None
-    connection = _Connection(
+    connection = NodeConnection(
         way.hostname,
         user=user,
         port=port,
@@ -239,12 +239,12 @@ def _open(
         connection.open()
     except Exception as exc:  # noqa: BLE001 - translated below, re-raised if unknown
         connection.close()
-        raise _translate(exc, name, way.hostname, user, port, identity, verify.files,
+        raise translate_error(exc, name, way.hostname, user, port, identity, verify.files,
                          offered=keys.offered, via=way.via if gateway else None, jump=jump) from None
     return connection
 
 
-def _translate(
+def translate_error(
     exc: Exception,
     name: str,
     host: str,
