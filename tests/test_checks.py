@@ -1182,13 +1182,60 @@ def test_the_registry_says_what_each_check_needs() -> None:
     assert needs["check_fit"] == {Need.FIT, Need.FINDINGS} and names[-1] == "check_fit"
 
 
-def test_the_fit_is_judged_after_the_memory_and_quiet_where_memory_blocks() -> None:
+def short_fit() -> Any:
+    """A fit where the weights alone exceed both nodes' budget."""
     from spark_cluster.core.fit import Fit, Layout, NodeFit
 
     def short(node: str, rank: int) -> NodeFit:
         return NodeFit(node, rank, 10 * GIB, 9 * GIB, 12 * GIB, 3 * GIB, -6 * GIB, 1024, 4096)
 
-    fit = Fit("m", Layout(tp=2), (short("spark-a", 0), short("spark-b", 1)))
+    return Fit("m", Layout(tp=2), (short("spark-a", 0), short("spark-b", 1)))
+
+
+def needy_cases() -> Iterator[dict[str, dict[str, Any]]]:
+    """Answers whose findings hang on a check's needs: memory short of the weights (300 GiB) or
+    of what the plan asks (200 GiB: the plan's share is larger), a disk without room for the
+    missing shards, sudo asking the inventory's user for a password."""
+    for weights in (300, 200):
+        raws = healthy_cluster()
+        shards = {**SHARDS, "model-00001-of-00002.safetensors": weights // 2 * GIB,
+                  "model-00002-of-00002.safetensors": weights // 2 * GIB}
+        for raw in raws.values():
+            set_probe(raw, "model_files", model_files(shards))
+        set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=60 * GIB // KIB, cached_kib=GIB // KIB))
+        yield raws
+    raws = healthy_cluster()
+    set_probe(raws["spark-a"], "model_files", model_files({**SHARDS, "model-00001-of-00002.safetensors": 150 * GIB}))
+    set_probe(raws["spark-b"], "model_files", model_files({"config.json": SHARDS["config.json"]}))
+    set_probe(raws["spark-b"], "disk", "Avail 1B-blocks Mounted on\n107374182400 3936818806784 /\n")
+    set_probe(raws["spark-b"], "sudo", "", 1, "sudo: a password is required\n")
+    yield raws
+
+
+def test_each_node_check_reads_no_more_than_its_entry_needs() -> None:
+    """With only what its entry names in the context (the rest None, no context at all for one
+    that needs nothing, as a paste gives), a check finds what it finds with everything: on the
+    healthy cluster and each lab fault. A check reading an undeclared need finds less, or raises."""
+    from spark_cluster.core.checks.base import NodeContext
+
+    util = serve_plan_or_none(INVENTORY).gpu_memory_utilization  # type: ignore[union-attr]
+    for raws in [healthy_cluster(), *(lab_fault(fault)[0] for fault in LAB_FAULTS), *needy_cases()]:
+        hosts = facts_of(raws)
+        weights = resources.model_bytes_per_node(INVENTORY, hosts)
+        said = tuple(run_checks(INVENTORY, hosts, serve_plan_or_none(INVENTORY), short_fit()))
+        for entry in (e for e in checks.CHECKS if e.per_node):
+            has = entry.needs.__contains__
+            for spec in INVENTORY.nodes:
+                full = NodeContext(INVENTORY, spec, weights, util, short_fit(), said)
+                bare = None if not entry.needs else NodeContext(
+                    INVENTORY if has(Need.INVENTORY) else None, spec if has(Need.INVENTORY) else None,  # type: ignore[arg-type]
+                    weights if has(Need.WEIGHTS) else None, util if has(Need.PLAN) else None,
+                    short_fit() if has(Need.FIT) else None, said if has(Need.FINDINGS) else ())
+                assert list(entry.run(hosts[spec.name], bare)) == list(entry.run(hosts[spec.name], full)), entry.name
+
+
+def test_the_fit_is_judged_after_the_memory_and_quiet_where_memory_blocks() -> None:
+    fit = short_fit()
     raws, _ = lab_fault("memory-hog")
     findings = run_checks(INVENTORY, facts_of(raws), serve_plan_or_none(INVENTORY), fit)
     # spark-b's competing server already blocks it; spark-a is told the model does not fit, last.
