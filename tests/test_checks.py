@@ -1,4 +1,4 @@
-"""The checks, pure: NodeFacts parsed from raw probe answers of a healthy two-Spark cluster
+"""The checks, pure: hosts parsed from raw probe answers of a healthy two-Spark cluster
 (inventories/sim.yaml) and of each fault the lab injects, down to the finding id, its node,
 and the commands its playbook would run.
 """
@@ -7,18 +7,25 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
+import inspect
 import json
+import pkgutil
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spark_cluster.core import checks
-from spark_cluster.core.checks import Finding, Severity, cluster, driver, driver_load, resources, run_checks
+from spark_cluster.core.checks import Finding, Need, Severity, driver, resources, run_checks
+from spark_cluster.core.checks.base import check
 from spark_cluster.core.errors import ConnectError
-from spark_cluster.core.facts import GIB, KIB, NodeFacts, parse_facts
+from spark_cluster.core.facts import GIB, KIB, Host, parse_facts
 from spark_cluster.core.facts import fact, probes_for
+from spark_cluster.core.facts.driver_state import PACKAGED_DRIVER
+from spark_cluster.core.facts.system import UNAME
 from spark_cluster.core.inventory import Inventory, parse_inventory
 from spark_cluster.core.serve_plan import serve_plan_or_none
 from spark_cluster.core.playbook import PLAYBOOK_DIR, PlaybookError, fill, load_playbook, playbooks, quote_param
@@ -247,7 +254,7 @@ def healthy_cluster() -> dict[str, dict[str, Any]]:
     return {spec.name: healthy_raw(spec.name, i) for i, spec in enumerate(INVENTORY.nodes)}
 
 
-def facts_of(raws: dict[str, dict[str, Any]], clock_skew: dict[str, float] | None = None) -> dict[str, NodeFacts]:
+def facts_of(raws: dict[str, dict[str, Any]], clock_skew: dict[str, float] | None = None) -> dict[str, Host]:
     facts = {}
     for node, raw in raws.items():
         raw = copy.deepcopy(raw)
@@ -466,8 +473,8 @@ def test_healthy_raw_answers_every_probe_the_gatherer_sends() -> None:
 
 def test_healthy_cluster_has_no_findings() -> None:
     facts = facts_of(healthy_cluster())
-    assert facts["spark-b"].interfaces["enp1s0f1np1"].addresses == ("192.168.100.11/24",)
-    assert facts["spark-a"].kernel == KERNEL and facts["spark-a"].userspace_driver == DRIVER
+    assert facts["spark-b"].interface("enp1s0f1np1").addresses == ("192.168.100.11/24",)
+    assert facts["spark-a"].fact(UNAME).kernel == KERNEL and facts["spark-a"].fact(PACKAGED_DRIVER).version == DRIVER
     assert run_checks(INVENTORY, facts, serve_plan_or_none(INVENTORY)) == []
 
 
@@ -937,10 +944,10 @@ def test_model_missing_everywhere_warns_on_each_node() -> None:
 # --- a check that raises ------------------------------------------------------------------------------
 
 def test_a_crashing_node_check_becomes_a_finding_and_the_others_still_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(facts: NodeFacts, ctx: object) -> list[Finding]:
+    def broken(host: Host, ctx: object) -> list[Finding]:
         raise KeyError("oops")
 
-    monkeypatch.setattr(checks, "NODE_CHECKS", (broken, *checks.NODE_CHECKS))
+    monkeypatch.setattr(checks, "CHECKS", (check(broken), *checks.CHECKS))
     raws, _ = lab_fault("kernel-update")
     findings = findings_of(raws)
     crashed = [f for f in findings if f.id == "check.crashed"]
@@ -950,11 +957,14 @@ def test_a_crashing_node_check_becomes_a_finding_and_the_others_still_run(monkey
 
 
 def test_a_crashing_cluster_check_is_owned_by_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(inventory: object, facts: object) -> list[Finding]:
+    def boom(inventory: object, hosts: object) -> list[Finding]:
         raise ZeroDivisionError("x")
 
-    monkeypatch.setattr(checks, "CLUSTER_CHECKS", (boom, *checks.CLUSTER_CHECKS))
-    monkeypatch.setattr(resources, "check_memory", lambda *a: (_ for _ in ()).throw(RuntimeError("mem")))
+    def memory(host: Host, ctx: object) -> list[Finding]:
+        raise RuntimeError("mem")
+
+    entries = tuple(check(memory, *e.needs) if e.run is resources.check_memory else e for e in checks.CHECKS)
+    monkeypatch.setattr(checks, "CHECKS", (*entries, check(boom, Need.ALL_NODES)))
     raws, skew = lab_fault("clock-skew")
     findings = findings_of(raws, clock_skew=skew)
     assert [(f.node, f.id) for f in findings if f.id == "check.crashed"] == [
@@ -1132,11 +1142,104 @@ def test_report_dict() -> None:
     assert healthy["ok"] is True and healthy["blockers"] == 0 and healthy["findings"] == []
 
 
-def test_check_modules_expose_their_functions() -> None:
-    # run_checks' tables name real functions of the modules (a rename would silently drop a check).
-    assert driver.check_driver in checks.NODE_CHECKS and cluster.check_versions in checks.CLUSTER_CHECKS
-    assert driver_load.check_dkms_build in checks.NODE_CHECKS
-    assert len(checks.NODE_CHECKS) == 8 and len(checks.CLUSTER_CHECKS) == 4
+def unregistered() -> set[str]:
+    """Functions of core/checks/ that yield findings (a `check_` name, or annotated to) but are not
+    in the registry: a check written and never run."""
+    registered = {(e.run.__module__, e.run.__name__) for e in checks.CHECKS}
+    found = set()
+    for module_info in pkgutil.iter_modules(checks.__path__):
+        module = importlib.import_module(f"{checks.__name__}.{module_info.name}")
+        for name, function in inspect.getmembers(module, inspect.isfunction):
+            yields = str(function.__annotations__.get("return", "")) in ("Iterator[Finding]", "Iterable[Finding]")
+            if function.__module__ == module.__name__ and (name.startswith("check_") or yields and name[0] != "_"):
+                found.add((module.__name__, name))
+    return {f"{m}.{n}" for m, n in found - registered}
+
+
+def test_every_check_function_is_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert unregistered() == set()
+    # One more, left out of CHECKS, is caught; so is one that only its annotation shows.
+    def check_forgotten(host: Host, ctx: object) -> Iterator[Finding]:
+        yield from ()
+
+    def gpu_ecc(host: Host, ctx: object) -> Iterator[Finding]:
+        yield from ()
+
+    for function in (check_forgotten, gpu_ecc):
+        function.__module__ = driver.__name__
+        monkeypatch.setattr(driver, function.__name__, function, raising=False)
+    assert unregistered() == {f"{driver.__name__}.check_forgotten", f"{driver.__name__}.gpu_ecc"}
+
+
+def test_the_registry_says_what_each_check_needs() -> None:
+    names = [e.name for e in checks.CHECKS]
+    assert len(names) == len(set(names))
+    # A paste has no inventory, plan or gathering: the driver checks of one node judge it.
+    assert [e.name for e in checks.pasted()] == [
+        "check_driver", "check_dkms_build", "check_next_boot", "check_rdma_modules", "check_kernel_log"]
+    needs = {e.name: e.needs for e in checks.CHECKS}
+    assert needs["check_memory"] == {Need.WEIGHTS, Need.PLAN} and Need.ALL_NODES in needs["check_links"]
+    assert needs["check_fit"] == {Need.FIT, Need.FINDINGS} and names[-1] == "check_fit"
+
+
+def short_fit() -> Any:
+    """A fit where the weights alone exceed both nodes' budget."""
+    from spark_cluster.core.fit import Fit, Layout, NodeFit
+
+    def short(node: str, rank: int) -> NodeFit:
+        return NodeFit(node, rank, 10 * GIB, 9 * GIB, 12 * GIB, 3 * GIB, -6 * GIB, 1024, 4096)
+
+    return Fit("m", Layout(tp=2), (short("spark-a", 0), short("spark-b", 1)))
+
+
+def needy_cases() -> Iterator[dict[str, dict[str, Any]]]:
+    """Answers whose findings hang on a check's needs: memory short of the weights (300 GiB) or
+    of what the plan asks (200 GiB: the plan's share is larger), a disk without room for the
+    missing shards, sudo asking the inventory's user for a password."""
+    for weights in (300, 200):
+        raws = healthy_cluster()
+        shards = {**SHARDS, "model-00001-of-00002.safetensors": weights // 2 * GIB,
+                  "model-00002-of-00002.safetensors": weights // 2 * GIB}
+        for raw in raws.values():
+            set_probe(raw, "model_files", model_files(shards))
+        set_probe(raws["spark-a"], "meminfo", meminfo(available_kib=60 * GIB // KIB, cached_kib=GIB // KIB))
+        yield raws
+    raws = healthy_cluster()
+    set_probe(raws["spark-a"], "model_files", model_files({**SHARDS, "model-00001-of-00002.safetensors": 150 * GIB}))
+    set_probe(raws["spark-b"], "model_files", model_files({"config.json": SHARDS["config.json"]}))
+    set_probe(raws["spark-b"], "disk", "Avail 1B-blocks Mounted on\n107374182400 3936818806784 /\n")
+    set_probe(raws["spark-b"], "sudo", "", 1, "sudo: a password is required\n")
+    yield raws
+
+
+def test_each_node_check_reads_no_more_than_its_entry_needs() -> None:
+    """With only what its entry names in the context (the rest None, no context at all for one
+    that needs nothing, as a paste gives), a check finds what it finds with everything: on the
+    healthy cluster and each lab fault. A check reading an undeclared need finds less, or raises."""
+    from spark_cluster.core.checks.base import NodeContext
+
+    util = serve_plan_or_none(INVENTORY).gpu_memory_utilization  # type: ignore[union-attr]
+    for raws in [healthy_cluster(), *(lab_fault(fault)[0] for fault in LAB_FAULTS), *needy_cases()]:
+        hosts = facts_of(raws)
+        weights = resources.model_bytes_per_node(INVENTORY, hosts)
+        said = tuple(run_checks(INVENTORY, hosts, serve_plan_or_none(INVENTORY), short_fit()))
+        for entry in (e for e in checks.CHECKS if e.per_node):
+            has = entry.needs.__contains__
+            for spec in INVENTORY.nodes:
+                full = NodeContext(INVENTORY, spec, weights, util, short_fit(), said)
+                bare = None if not entry.needs else NodeContext(
+                    INVENTORY if has(Need.INVENTORY) else None, spec if has(Need.INVENTORY) else None,  # type: ignore[arg-type]
+                    weights if has(Need.WEIGHTS) else None, util if has(Need.PLAN) else None,
+                    short_fit() if has(Need.FIT) else None, said if has(Need.FINDINGS) else ())
+                assert list(entry.run(hosts[spec.name], bare)) == list(entry.run(hosts[spec.name], full)), entry.name
+
+
+def test_the_fit_is_judged_after_the_memory_and_quiet_where_memory_blocks() -> None:
+    fit = short_fit()
+    raws, _ = lab_fault("memory-hog")
+    findings = run_checks(INVENTORY, facts_of(raws), serve_plan_or_none(INVENTORY), fit)
+    # spark-b's competing server already blocks it; spark-a is told the model does not fit, last.
+    assert blockers(findings) == [("spark-b", "memory.competing-process"), ("spark-a", "model.does-not-fit")]
 
 
 

@@ -15,16 +15,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_cluster.core.facts import (
-    GIB, KIB, Disk, Gpu, Interface, Memory, NodeFacts, Package, Process, ProbeOutput,
+    GIB, KIB, Derived, Disk, Gpu, Host, Interface, Memory, Package, Process, ProbeOutput,
     kernel_sort_key, parse_df, parse_facts, parse_gpu, parse_ibdev2netdev, parse_ip_addr,
     parse_kernel_modules, parse_lsmod, parse_meminfo, parse_model_files, parse_packages,
     parse_processes, parse_proc_driver, parse_python, parse_release, parse_speeds,
 )
 
-from spark_cluster.core.facts import FACTS, fact
-from spark_cluster.core.facts.network import PING, ping_key
-from spark_cluster.core.facts.runtime import DOCKER
-from spark_cluster.core.facts.system import UNAME
+from spark_cluster.core.facts import DERIVED, FACTS, fact
+from spark_cluster.core.facts.driver import LSMOD, NVIDIA_SMI, PROC_DRIVER
+from spark_cluster.core.facts.driver_state import DRIVER_BRANCH, PACKAGED_DRIVER
+from spark_cluster.core.facts.network import IBDEV2NETDEV, INTERFACES, PING, ping_key
+from spark_cluster.core.facts.packages import KERNEL_MODULES, NEXT_BOOT_KERNEL
+from spark_cluster.core.facts.runtime import DOCKER, IMAGE, MODEL_FILES, PYTHON, RUNTIME_VERSIONS
+from spark_cluster.core.facts.system import (
+    CLOCK, CLOCK_OFFSET, DGX_RELEASE, DISK, HOSTNAME, MEMINFO, OS_RELEASE, PROCESSES, REBOOT_REQUIRED,
+    SECURE_BOOT, SUDO, UNAME,
+)
 
 DATA = Path(__file__).parent / "data" / "spark"
 
@@ -231,7 +237,7 @@ def test_dpkg_query_lines() -> None:
     assert packages["nvidia-utils-580"] == Package("nvidia-utils-580", "580.159.03-0ubuntu0.24.04.1", True)
     assert packages["linux-modules-nvidia-580-open-nvidia-hwe-24.04"].version == "6.17.0-1014.14"
     assert packages["linux-image-6.11.0-1016-nvidia"].version == "6.11.0-1016.16+1000"
-    assert packages["nvidia-container-toolkit"].installed
+    assert packages["nvidia-container-toolkit"].is_installed
 
 
 @pytest.mark.parametrize("name, installed", [
@@ -242,7 +248,7 @@ def test_dpkg_query_lines() -> None:
     ("linux-image-6.17.0-1014-nvidia", True),
 ])
 def test_dpkg_status_letters(name: str, installed: bool) -> None:
-    assert parse_packages(sample("dpkg_query.txt"))[name].installed is installed
+    assert parse_packages(sample("dpkg_query.txt"))[name].is_installed is installed
 
 
 def test_dpkg_query_odd_input() -> None:
@@ -410,9 +416,10 @@ PROBE_NAMES = st.sampled_from(sorted(FACTS))
 @given(JSON | st.fixed_dictionaries({"probes": st.dictionaries(PROBE_NAMES, JSON | st.fixed_dictionaries(
     {"rc": JSON, "out": JSON | st.text(max_size=40), "err": JSON}), max_size=6)}))
 def test_parse_facts_never_raises(raw: object) -> None:
-    facts = parse_facts("n", raw)  # type: ignore[arg-type]
-    assert facts.node == "n"
-    facts.next_boot_kernel, facts.userspace_driver, facts.driver_branch  # noqa: B018
+    host = parse_facts("n", raw)  # type: ignore[arg-type]
+    assert host.node == "n"
+    for known in (*FACTS.values(), *DERIVED.values()):
+        host.fact(known)
 
 
 # --- parse_facts on one whole answer of the fact gatherer ---------------------------------------------
@@ -451,38 +458,44 @@ def spark_raw() -> dict[str, object]:
 
 
 def test_parse_facts_whole_answer() -> None:
-    facts = parse_facts("spark-a", spark_raw(), sent_at=1779271200.0, received_at=1779271200.1)
-    assert (facts.node, facts.hostname, facts.kernel, facts.arch) == (
-        "spark-a", "hutch", "6.17.0-1014-nvidia", "aarch64")
-    assert facts.os_pretty == "Ubuntu 24.04.4 LTS"
-    assert facts.dgx_version == "7.4.0"  # the last OTA block, not the factory build
+    host = parse_facts("spark-a", spark_raw(), sent_at=1779271200.0, received_at=1779271200.1)
+    assert (host.node, host.fact(HOSTNAME), host.fact(UNAME)) == ("spark-a", "hutch", ("6.17.0-1014-nvidia", "aarch64"))
+    assert host.fact(UNAME).kernel == "6.17.0-1014-nvidia" and host.fact(UNAME).arch == "aarch64"
+    assert host.fact(OS_RELEASE) == "Ubuntu 24.04.4 LTS"
+    assert host.fact(DGX_RELEASE) == "7.4.0"  # the last OTA block, not the factory build
     # The packages probe exited 1 (a pattern matched nothing): its lines still count.
-    assert facts.packages["nvidia-utils-580"].installed
-    assert facts.nvidia_ko["6.17.0-1014-nvidia"] == "580.159.03"
-    assert facts.gpu is not None and facts.gpu.power_w is None and facts.gpu.compute_cap == "12.1"
-    assert facts.loaded_driver == "580.126.09"
-    assert facts.modules == SPARK_MODULES
-    assert facts.ibdev == RIGHT_PORT
-    assert facts.interfaces["enp1s0f1np1"].speed_mbps == 200000
-    assert facts.interfaces["enp1s0f0np0"].speed_mbps is None
-    assert facts.memory is not None and facts.memory.available == 25516700 * KIB
-    assert facts.processes[0].name == "ollama"
-    assert facts.disk == Disk("/", 3298534883328, 3936818806784)
-    assert facts.model_files == {"0a1b2c/config.json": 1234}
-    assert facts.clock == pytest.approx(1779271200.25)
-    assert facts.clock_offset == pytest.approx(0.2)  # against the middle of the round trip
-    assert facts.clock_uncertainty == pytest.approx(0.05)
-    assert facts.sudo_ok is False
-    assert facts.secure_boot is True
-    assert facts.reboot_required is True
-    assert facts.runtime_versions == {"python": "3.12.3", "ray": "2.60.0", "vllm": "0.11.0"}
-    assert facts.image_id is None
-    assert facts.probe(PING, ping_key("enp1s0f1np1", "spark-b")).rc == 1
-    assert facts.probe(DOCKER) == ProbeOutput(127, "", "not run")  # a fact not sent reads as not run
+    assert host.package("nvidia-utils-580").is_installed
+    assert not host.package("nvidia-dkms-580-open").is_installed  # listed as `un`
+    assert host.package("not-listed") == Package("not-listed", "", False)
+    assert host.fact(KERNEL_MODULES)["6.17.0-1014-nvidia"] == "580.159.03"
+    gpu = host.fact(NVIDIA_SMI)
+    assert gpu is not None and gpu.power_w is None and gpu.compute_cap == "12.1"
+    assert host.fact(PROC_DRIVER) == "580.126.09"
+    assert host.fact(LSMOD) == SPARK_MODULES
+    assert host.fact(IBDEV2NETDEV) == RIGHT_PORT
+    assert host.interface("enp1s0f1np1").speed_mbps == 200000  # type: ignore[union-attr]
+    assert host.interface("enp1s0f0np0").speed_mbps is None  # type: ignore[union-attr]
+    assert host.interface("nope") is None and "lo" in host.fact(INTERFACES)
+    memory = host.fact(MEMINFO)
+    assert memory is not None and memory.available == 25516700 * KIB
+    assert host.fact(PROCESSES)[0].name == "ollama"
+    assert host.fact(DISK) == Disk("/", 3298534883328, 3936818806784)
+    assert host.fact(MODEL_FILES) == {"0a1b2c/config.json": 1234}
+    assert host.fact(CLOCK) == pytest.approx(1779271200.25)
+    offset = host.fact(CLOCK_OFFSET)
+    assert offset is not None and offset.seconds == pytest.approx(0.2)  # against the middle of the round trip
+    assert offset.uncertainty == pytest.approx(0.05)
+    assert host.fact(SUDO) is False
+    assert host.fact(SECURE_BOOT) is True
+    assert host.fact(REBOOT_REQUIRED) is True
+    assert host.fact(RUNTIME_VERSIONS) == {"python": "3.12.3", "ray": "2.60.0", "vllm": "0.11.0"}
+    assert host.fact(IMAGE) is None
+    assert host.probe(PING, ping_key("enp1s0f1np1", "spark-b")).rc == 1
+    assert host.probe(DOCKER) == ProbeOutput(127, "", "not run")  # a fact not sent reads as not run
     # Derived: the next boot takes 1021 (an installed image) which has no nvidia.ko.
-    assert facts.next_boot_kernel == "6.17.0-1021-nvidia"
-    assert facts.userspace_driver == "580.159.03"
-    assert facts.driver_branch == "580"
+    assert host.fact(NEXT_BOOT_KERNEL) == "6.17.0-1021-nvidia"
+    assert host.fact(PACKAGED_DRIVER).version == "580.159.03"  # type: ignore[union-attr]
+    assert host.fact(DRIVER_BRANCH) == "580"
 
 
 def test_parse_facts_of_a_failed_probe_keeps_nothing_of_its_output() -> None:
@@ -492,64 +505,68 @@ def test_parse_facts_of_a_failed_probe_keeps_nothing_of_its_output() -> None:
     raw["probes"]["reboot_required"] = probe(rc=1, err="cat: /var/run/reboot-required: No such file or directory\n")  # type: ignore[index]
     raw["probes"]["docker"] = probe("29.2.1\n")  # type: ignore[index]
     raw["probes"]["image"] = probe("sha256:abc\n")  # type: ignore[index]
-    facts = parse_facts("spark-a", raw)
-    assert facts.kernel == "" and facts.arch == ""
-    assert facts.secure_boot is None
-    assert facts.reboot_required is False
-    assert facts.clock_offset is None  # no round-trip times given
-    assert facts.runtime_versions["docker"] == "29.2.1"
-    assert facts.image_id == "sha256:abc"
+    host = parse_facts("spark-a", raw)
+    assert host.fact(UNAME) == ("", "")
+    assert host.fact(SECURE_BOOT) is None
+    assert host.fact(REBOOT_REQUIRED) is False
+    assert host.fact(CLOCK_OFFSET) is None  # no round-trip times given
+    assert host.fact(RUNTIME_VERSIONS)["docker"] == "29.2.1"
+    assert host.fact(IMAGE) == "sha256:abc"
     disabled = parse_facts("x", {"probes": {"secure_boot": probe("SecureBoot disabled\n")}})
-    assert disabled.secure_boot is False
+    assert disabled.fact(SECURE_BOOT) is False
 
 
 def test_parse_facts_dgx_version_without_ota_blocks() -> None:
     factory = "\n".join(sample("dgx_release.txt").splitlines()[:7]) + "\n"
-    facts = parse_facts("x", {"probes": {"dgx_release": probe(factory)}})
-    assert facts.dgx_version == "7.2.3"
+    host = parse_facts("x", {"probes": {"dgx_release": probe(factory)}})
+    assert host.fact(DGX_RELEASE) == "7.2.3"
 
 
 @pytest.mark.parametrize("raw", [{}, [], None, "text", {"probes": []}, {"probes": {"uname": 5}},
                                  {"probes": {"uname": {"rc": "0", "out": None, "err": 3}}}])
 def test_parse_facts_odd_answers(raw: object) -> None:
-    facts = parse_facts("n", raw)  # type: ignore[arg-type]
-    assert facts.kernel == "" and facts.gpu is None and facts.memory is None
-    assert facts.model_files is None and facts.clock is None
-    assert facts.next_boot_kernel is None
+    host = parse_facts("n", raw)  # type: ignore[arg-type]
+    assert host.fact(UNAME).kernel == "" and host.fact(NVIDIA_SMI) is None and host.fact(MEMINFO) is None
+    assert host.fact(MODEL_FILES) is None and host.fact(CLOCK) is None
+    assert host.fact(NEXT_BOOT_KERNEL) is None
 
 
 def test_parse_facts_rc_not_an_int_is_a_failed_probe() -> None:
-    facts = parse_facts("n", {"probes": {"uname": {"rc": "0", "out": "6.17.0-1014-nvidia aarch64"}}})
-    assert facts.probe(UNAME).rc == 127 and facts.kernel == ""
+    host = parse_facts("n", {"probes": {"uname": {"rc": "0", "out": "6.17.0-1014-nvidia aarch64"}}})
+    assert host.probe(UNAME).rc == 127 and host.fact(UNAME).kernel == ""
 
 
-# --- NodeFacts' derived values ------------------------------------------------------------------
+# --- the host's derived facts -----------------------------------------------------------------------
 
-def pkgs(*rows: tuple[str, str, bool]) -> dict[str, Package]:
-    return {name: Package(name, version, installed) for name, version, installed in rows}
+def host_of(**outputs: str) -> Host:
+    """A host whose probes (by fact name) answered these outputs."""
+    return Host("n", {name: ok(text) for name, text in outputs.items()})
+
+
+def dpkg(*rows: tuple[str, str, bool]) -> str:
+    return "".join(f"{'ii' if installed else 'rc'} \t{name}\t{version}\n" for name, version, installed in rows)
 
 
 def test_next_boot_kernel_is_the_newest_installed() -> None:
-    facts = NodeFacts("n", {}, kernel="6.17.0-1014-nvidia",
-                      nvidia_ko={"6.17.0-1014-nvidia": "580.142", "6.17.0-999-nvidia": "580.142",
-                                 "6.17.0-1021-nvidia": None, "6.11.0-1016-nvidia": None})
-    assert facts.next_boot_kernel == "6.17.0-1021-nvidia"
-    later = NodeFacts("n", {}, nvidia_ko={"6.17.0-1032-nvidia": "580.173.02", "7.0.0-1019-nvidia": None})
-    assert later.next_boot_kernel == "7.0.0-1019-nvidia"
+    host = host_of(uname="6.17.0-1014-nvidia aarch64\n", kernel_modules=(
+        "6.17.0-1014-nvidia\t580.142\n6.17.0-999-nvidia\t580.142\n6.17.0-1021-nvidia\t\n6.11.0-1016-nvidia\t\n"))
+    assert host.fact(NEXT_BOOT_KERNEL) == "6.17.0-1021-nvidia"
+    later = host_of(kernel_modules="6.17.0-1032-nvidia\t580.173.02\n7.0.0-1019-nvidia\t\n")
+    assert later.fact(NEXT_BOOT_KERNEL) == "7.0.0-1019-nvidia"
 
 
 def test_next_boot_kernel_ignores_a_removed_kernel() -> None:
     # Backing out a bad kernel (apt remove) leaves its image in dpkg's `rc` state: it boots no more.
-    facts = NodeFacts("n", {}, kernel="6.17.0-1014-nvidia",
-                      nvidia_ko={"6.17.0-1014-nvidia": "580.142", "6.17.0-1018-nvidia": None},
-                      packages=pkgs(("linux-image-6.17.0-1014-nvidia", "6.17.0-1014.14", True),
-                                    ("linux-image-6.17.0-1018-nvidia", "6.17.0-1018.18", False)))
-    assert facts.next_boot_kernel == "6.17.0-1014-nvidia"
+    host = host_of(uname="6.17.0-1014-nvidia aarch64\n",
+                   kernel_modules="6.17.0-1014-nvidia\t580.142\n6.17.0-1018-nvidia\t\n",
+                   packages=dpkg(("linux-image-6.17.0-1014-nvidia", "6.17.0-1014.14", True),
+                                 ("linux-image-6.17.0-1018-nvidia", "6.17.0-1018.18", False)))
+    assert host.fact(NEXT_BOOT_KERNEL) == "6.17.0-1014-nvidia"
 
 
 def test_next_boot_kernel_without_the_modules_probe() -> None:
-    assert NodeFacts("n", {}, kernel="6.17.0-1014-nvidia").next_boot_kernel == "6.17.0-1014-nvidia"
-    assert NodeFacts("n", {}).next_boot_kernel is None
+    assert host_of(uname="6.17.0-1014-nvidia aarch64\n").fact(NEXT_BOOT_KERNEL) == "6.17.0-1014-nvidia"
+    assert host_of().fact(NEXT_BOOT_KERNEL) is None
 
 
 def test_kernel_sort_key_is_numeric() -> None:
@@ -558,31 +575,44 @@ def test_kernel_sort_key_is_numeric() -> None:
     assert kernel_sort_key("nvidia") == ()
 
 
+def packaged(**outputs: str) -> str | None:
+    found = host_of(**outputs).fact(PACKAGED_DRIVER)
+    return found.version if found else None
+
+
 def test_userspace_driver() -> None:
     ver = "580.159.03-0ubuntu0.24.04.1"
-    assert NodeFacts("n", {}, packages=pkgs(("nvidia-utils-580", ver, True))).userspace_driver == "580.159.03"
+    assert packaged(packages=dpkg(("nvidia-utils-580", ver, True))) == "580.159.03"
     # nvidia-utils removed (rc): the compute library says it.
-    assert NodeFacts("n", {}, packages=pkgs(("nvidia-utils-580", ver, False),
-                                            ("libnvidia-compute-580", "580.142-0ubuntu0.24.04.1", True))
-                     ).userspace_driver == "580.142"
+    assert packaged(packages=dpkg(("nvidia-utils-580", ver, False),
+                                  ("libnvidia-compute-580", "580.142-0ubuntu0.24.04.1", True))) == "580.142"
     # Another branch's utils (server flavour).
-    assert NodeFacts("n", {}, packages=pkgs(("nvidia-utils-590-server", "590.44.01-0ubuntu1", True))
-                     ).userspace_driver == "590.44.01"
-    assert NodeFacts("n", {}, packages=pkgs(("nvidia-utils-580", ver, False))).userspace_driver is None
-    assert NodeFacts("n", {}).userspace_driver is None
+    assert packaged(packages=dpkg(("nvidia-utils-590-server", "590.44.01-0ubuntu1", True))) == "590.44.01"
+    assert packaged(packages=dpkg(("nvidia-utils-580", ver, False))) is None
+    assert packaged() is None
 
 
 def test_userspace_driver_of_a_held_package() -> None:
-    facts = parse_facts("n", {"probes": {"packages": probe("hi \tnvidia-utils-580\t580.159.03-0ubuntu0.24.04.1\n")}})
-    assert facts.userspace_driver == "580.159.03"
+    assert packaged(packages="hi \tnvidia-utils-580\t580.159.03-0ubuntu0.24.04.1\n") == "580.159.03"
 
 
 def test_driver_branch() -> None:
-    ver = "580.142-0ubuntu0.24.04.1"
-    assert NodeFacts("n", {}, packages=pkgs(("nvidia-utils-580", ver, True))).driver_branch == "580"
-    gpu = Gpu("NVIDIA GB10", "590.44.01", "12.1", None, None, "0000000F:01:00.0")
-    assert NodeFacts("n", {}, gpu=gpu).driver_branch == "590"  # no packages: nvidia-smi's answer
-    assert NodeFacts("n", {}).driver_branch == "580"  # nothing known: the Spark's branch
+    assert host_of(packages=dpkg(("nvidia-utils-580", "580.142-0ubuntu0.24.04.1", True))).fact(DRIVER_BRANCH) == "580"
+    # No packages: nvidia-smi's answer.
+    assert host_of(nvidia_smi="NVIDIA GB10, 590.44.01, 12.1, [N/A], [N/A], 0000000F:01:00.0\n").fact(DRIVER_BRANCH) == "590"
+    assert host_of().fact(DRIVER_BRANCH) == "580"  # nothing known: the Spark's branch
+
+
+def test_a_host_computes_each_fact_once() -> None:
+    calls = []
+    counted = Derived("counted", lambda host: calls.append(host.node) or host.fact(UNAME).kernel)
+    host = host_of(uname="6.17.0-1014-nvidia aarch64\n")
+    assert host.fact(counted) == host.fact(counted) == "6.17.0-1014-nvidia"
+    assert calls == ["n"]
+    # A derived fact builds its own value: the runtime's versions add docker's, not to python's.
+    both = host_of(python="3.12.3\nray 2.60.0\n", docker="29.2.1\n")
+    assert both.fact(RUNTIME_VERSIONS) == {"python": "3.12.3", "ray": "2.60.0", "docker": "29.2.1"}
+    assert both.fact(PYTHON) == {"python": "3.12.3", "ray": "2.60.0"}
 
 
 # --- the registry -------------------------------------------------------------------------------
@@ -606,3 +636,13 @@ def test_every_fact_is_registered_once_with_a_reader_that_survives_no_answer() -
     for f in defined:
         f.read(None)  # what did not run reads as unknown, never raises
         f.read(ProbeOutput(124, "", "timed out after 10s"))
+
+
+def test_every_derived_fact_is_registered_once_and_computes_on_a_host_that_said_nothing() -> None:
+    from spark_cluster.core.facts import driver_state, network, packages, runtime, system
+
+    derived = [d for m in (system, packages, network, runtime, driver_state) for d in m.DERIVED]
+    assert sorted(d.name for d in derived) == sorted(DERIVED) and not set(DERIVED) & set(FACTS)
+    silent = Host("n", {})
+    for d in derived:
+        silent.fact(d)

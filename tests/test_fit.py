@@ -7,7 +7,8 @@ import struct
 
 import pytest
 
-from spark_cluster.core.fit import (GIB, FitError, Layout, Tensor, fit, kv_bytes_per_token, loaded_per_stage,
+from spark_cluster.core.checks.base import Finding
+from spark_cluster.core.fit import (GIB, Fit, FitError, Layout, Tensor, fit, kv_bytes_per_token, loaded_per_stage,
                                     parse_header, weights_per_stage)
 
 # Qwen/Qwen3-235B-A22B-GPTQ-Int4's config.json (the fields the model reads) and its quantization:
@@ -118,20 +119,34 @@ def test_a_header_gives_each_tensor_its_bytes_and_a_broken_one_is_an_error() -> 
         parse_header(b"\x00garbage")
 
 
-def test_check_blocks_a_node_that_does_not_fit_with_the_figures_and_the_length_that_would() -> None:
-    from spark_cluster.core.checks.fit import check_fit
+def judged(result: Fit | None, *, memory_blocks: tuple[str, ...] = ()) -> list[Finding]:
+    """check_fit on each lab node, with nothing gathered but the fit (and a memory blocker on some)."""
+    from pathlib import Path
 
+    from spark_cluster.core.checks.base import NodeContext, blocker
+    from spark_cluster.core.checks.fit import check_fit
+    from spark_cluster.core.facts import Host
+    from spark_cluster.core.inventory import load_inventory
+
+    inventory = load_inventory(Path(__file__).resolve().parents[1] / "inventories" / "lab.yaml")
+    said = tuple(blocker("memory.low", node, "low") for node in memory_blocks)
+    return [f for spec in inventory.nodes
+            for f in check_fit(Host(spec.name, {}), NodeContext(inventory, spec, fit=result, findings=said))]
+
+
+def test_check_blocks_a_node_that_does_not_fit_with_the_figures_and_the_length_that_would() -> None:
     layout = Layout(tp=2, ep=True, max_model_len=1_000_000)
     result = fit("Qwen3-235B", QWEN3_235B, qwen3_235b_tensors(), layout, {"spark-a": 119 * GIB, "spark-b": 90 * GIB})
-    findings = list(check_fit(result, {}))
+    findings = judged(result)
     assert [f.id for f in findings] == ["model.does-not-fit"] * 2 and all(f.blocking for f in findings)
     b = findings[1]
     assert b.node == "spark-b" and "1,000,000 tokens" in b.message and "weights 58." in b.evidence
     assert f"--max-model-len {result.nodes[1].kv_tokens}" in b.fix.note
-    assert list(check_fit(result, {}, said={"spark-a", "spark-b"})) == []
+    assert judged(result, memory_blocks=("spark-a", "spark-b")) == []
+    assert [f.node for f in judged(result, memory_blocks=("spark-a",))] == ["spark-b"]
     fits = fit("m", QWEN3_235B, qwen3_235b_tensors(), Layout(tp=2, ep=True, max_model_len=8192),
                {"spark-a": 119 * GIB, "spark-b": 119 * GIB})
-    assert list(check_fit(fits, {})) == [] and list(check_fit(None, {})) == []
+    assert judged(fits) == [] and judged(None) == []
 
 
 def test_the_layout_is_read_from_the_plans_launch_line() -> None:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from spark_cluster.core.diagnose import diagnose_log
+from spark_cluster.core.facts import Host, ProbeOutput
 from spark_cluster.core.inventory import load_inventory, parse_inventory
 from spark_cluster.ops.pipeline import plan_for_installed_vllm
 from spark_cluster.core.vllm_log import track
@@ -60,16 +61,19 @@ def test_a_version_the_recipe_does_not_cover_is_refused_naming_the_known_ones(ve
     assert "gpt-oss-120b.yaml" in text and "\n" not in text
 
 
+def checked(vllm: str | None) -> SimpleNamespace:
+    """A check report whose head's Python has this vLLM (None: the Python has none)."""
+    python = "3.12.3\n" + (f"vllm {vllm}\n" if vllm else "")
+    return SimpleNamespace(facts={"spark-a": Host("spark-a", {"python": ProbeOutput(0, python, "")})})
+
+
 def test_up_reads_the_heads_vllm_and_picks_the_variant() -> None:
     plan = serve_plan(GPT_OSS)
-    report = SimpleNamespace(facts={"spark-a": SimpleNamespace(runtime_versions={"vllm": "0.19.0"})})
-    picked = plan_for_installed_vllm(GPT_OSS, plan, report)
+    picked = plan_for_installed_vllm(GPT_OSS, plan, checked("0.19.0"))
     assert picked.head.env["VLLM_MXFP4_USE_MARLIN"] == "1" and "--moe-backend" not in picked.head.argv
-    unknown = SimpleNamespace(facts={"spark-a": SimpleNamespace(runtime_versions={})})
-    assert plan_for_installed_vllm(GPT_OSS, plan, unknown) is plan
+    assert plan_for_installed_vllm(GPT_OSS, plan, checked(None)) is plan
     with pytest.raises(RecipeError):
-        plan_for_installed_vllm(GPT_OSS, plan, SimpleNamespace(
-            facts={"spark-a": SimpleNamespace(runtime_versions={"vllm": "0.26.0"})}))
+        plan_for_installed_vllm(GPT_OSS, plan, checked("0.26.0"))
 
 
 def test_bad_variants_name_the_file_and_the_key() -> None:
@@ -203,8 +207,7 @@ def test_the_installed_vllm_remakes_the_plan_only_for_another_variant() -> None:
     other = for_installed_vllm(GPT_OSS, plan, "0.20.1")
     assert other == serve_plan(GPT_OSS, vllm_version="0.20.1") and other.vllm_variant != plan.vllm_variant
     seen: list[object] = []
-    report = SimpleNamespace(facts={"spark-a": SimpleNamespace(runtime_versions={"vllm": "0.20.1"})})
-    plan_for_installed_vllm(GPT_OSS, plan, report, seen.append)
+    plan_for_installed_vllm(GPT_OSS, plan, checked("0.20.1"), seen.append)
     assert seen == [VllmVersion("spark-a", "0.20.1", other.vllm_variant, "gpt-oss-120b")]
 
 

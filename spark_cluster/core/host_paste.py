@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_cluster.core.checks import HOST_CHECKS
-from spark_cluster.core.checks.base import Finding, Severity, blocker
+from spark_cluster.core.checks import judge_host
+from spark_cluster.core.checks.base import Severity
 from spark_cluster.core.facts import parse_facts
 from spark_cluster.core.facts.driver import (
     DKMS, KERNEL_LOG, LSMOD, LSMOD_FILTERED, MODINFO_NVIDIA, NVIDIA_SMI, PROC_DRIVER,
@@ -267,14 +267,7 @@ def diagnose_host_output(text: str) -> dict[str, Any]:
 
     sections = split_paste(text)
     probes = paste_probes(sections)
-    facts = parse_facts(NODE, {"probes": probes})
-    findings: list[Finding] = []
-    for check in HOST_CHECKS:
-        try:
-            findings += list(check(facts, None))
-        except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
-            findings.append(blocker("check.crashed", NODE, f"the check {check.__name__} failed: {exc!r}",
-                                    "a bug in spark-cluster: please report it"))
+    findings = judge_host(parse_facts(NODE, {"probes": probes}))
     shown = set(probes) | ({RDMA_LINK.name} if {"ibdev2netdev", "ibstat"} & {s.kind for s in sections} else set())
     unknown = [f.shows for f in UNKNOWN if f.name not in shown]
     if LSMOD_FILTERED.name in probes:

@@ -6,7 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from spark_cluster.core.checks import Finding
-from spark_cluster.core.facts import NodeFacts
+from spark_cluster.core.facts import Host
+from spark_cluster.core.facts.driver import NVIDIA_SMI, PROC_DRIVER
+from spark_cluster.core.facts.driver_state import PACKAGED_DRIVER
+from spark_cluster.core.facts.network import IBDEV2NETDEV, INTERFACES
+from spark_cluster.core.facts.packages import NEXT_BOOT_KERNEL
+from spark_cluster.core.facts.runtime import IMAGE, RUNTIME_VERSIONS
+from spark_cluster.core.facts.system import CLOCK_OFFSET, DGX_RELEASE, DISK, HOSTNAME, MEMINFO, OS_RELEASE, UNAME
 from spark_cluster.core.playbook import PlaybookError, playbooks, plan
 
 
@@ -41,29 +47,30 @@ def finding_dict(finding: Finding) -> dict[str, Any]:
     }
 
 
-def node_summary(facts: NodeFacts) -> dict[str, Any]:
-    memory = facts.memory
+def node_summary(host: Host) -> dict[str, Any]:
+    memory, gpu, disk = host.fact(MEMINFO), host.fact(NVIDIA_SMI), host.fact(DISK)
+    packaged, offset, ibdev = host.fact(PACKAGED_DRIVER), host.fact(CLOCK_OFFSET), host.fact(IBDEV2NETDEV)
     return {
-        "hostname": facts.hostname,
-        "kernel": facts.kernel,
-        "next_boot_kernel": facts.next_boot_kernel,
-        "os": facts.os_pretty,
-        "dgx_version": facts.dgx_version,
-        "gpu": facts.gpu.name if facts.gpu else None,
-        "driver_loaded": facts.loaded_driver,
-        "driver_userspace": facts.userspace_driver,
-        "compute_capability": facts.gpu.compute_cap if facts.gpu else None,
-        "temperature_c": facts.gpu.temperature_c if facts.gpu else None,
-        "power_w": facts.gpu.power_w if facts.gpu else None,
+        "hostname": host.fact(HOSTNAME),
+        "kernel": host.fact(UNAME).kernel,
+        "next_boot_kernel": host.fact(NEXT_BOOT_KERNEL),
+        "os": host.fact(OS_RELEASE),
+        "dgx_version": host.fact(DGX_RELEASE),
+        "gpu": gpu.name if gpu else None,
+        "driver_loaded": host.fact(PROC_DRIVER),
+        "driver_userspace": packaged.version if packaged else None,
+        "compute_capability": gpu.compute_cap if gpu else None,
+        "temperature_c": gpu.temperature_c if gpu else None,
+        "power_w": gpu.power_w if gpu else None,
         "memory_total_bytes": memory.total if memory else None,
         "memory_available_bytes": memory.available if memory else None,
-        "disk_free_bytes": facts.disk.available if facts.disk else None,
-        "runtime": facts.runtime_versions,
-        "image_id": facts.image_id,
-        "clock_offset_s": None if facts.clock_offset is None else round(facts.clock_offset, 3),
+        "disk_free_bytes": disk.available if disk else None,
+        "runtime": host.fact(RUNTIME_VERSIONS),
+        "image_id": host.fact(IMAGE),
+        "clock_offset_s": None if offset is None else round(offset.seconds, 3),
         "links": {
             name: {"up": i.admin_up and i.carrier, "mtu": i.mtu, "addresses": list(i.addresses),
                    "speed_mbps": i.speed_mbps}
-            for name, i in facts.interfaces.items() if name in facts.ibdev or "np" in name
+            for name, i in host.fact(INTERFACES).items() if name in ibdev or "np" in name
         },
     }

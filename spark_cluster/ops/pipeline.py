@@ -143,10 +143,11 @@ def plan_for_installed_vllm(inv: Inventory, plan: ServePlan, report: Report,
                             emit: Emit = lambda _event: None) -> ServePlan:
     """The plan in the spelling of the vLLM check found on the head (every node has the same one:
     check blocks on a difference); a recipe not written for it stops here, naming what it knows."""
+    from spark_cluster.core.facts.runtime import RUNTIME_VERSIONS
     from spark_cluster.core.serve_plan import for_installed_vllm
 
-    facts = report.facts.get(inv.head.name)
-    version = facts.runtime_versions.get("vllm") if facts is not None else None
+    head = report.facts.get(inv.head.name)
+    version = head.fact(RUNTIME_VERSIONS).get("vllm") if head is not None else None
     if version is None:
         if plan.vllm_variant is not None:
             emit(events.VllmVersion(inv.head.name, None, plan.vllm_variant, plan.recipe))

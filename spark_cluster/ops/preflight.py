@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from spark_cluster.core.checks import Finding, run_checks
 from spark_cluster.core.checks.base import blocker, manual
-from spark_cluster.core.checks.fit import check_fit
 from spark_cluster.core.errors import CommandTimeout, SparkClusterError
-from spark_cluster.core.facts import NodeFacts, gather_command, parse_facts, probes_for
+from spark_cluster.core.facts import Host, gather_command, parse_facts, probes_for
+from spark_cluster.core.facts.system import MEMINFO
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.transport.remote import Fleet, Node
@@ -23,7 +23,7 @@ class FactsUnavailable(SparkClusterError):
     """The node answered, but not with facts (no python3, a broken shell)."""
 
 
-def gather_node(inventory: Inventory, node: Node) -> NodeFacts:
+def gather_node(inventory: Inventory, node: Node) -> Host:
     spec = inventory.node(node.name)
     command = gather_command(probes_for(inventory, spec))
     sent = time.time()
@@ -39,13 +39,13 @@ def gather_node(inventory: Inventory, node: Node) -> NodeFacts:
     return parse_facts(node.name, raw, sent, received)
 
 
-def gather(inventory: Inventory, fleet: Fleet) -> dict[str, NodeFacts | Exception]:
+def gather(inventory: Inventory, fleet: Fleet) -> dict[str, Host | Exception]:
     return dict(fleet.map(lambda node: gather_node(inventory, node)))
 
 
 @dataclass(frozen=True)
 class Report:
-    facts: Mapping[str, NodeFacts]
+    facts: Mapping[str, Host]
     findings: tuple[Finding, ...]
     seconds: float
 
@@ -69,18 +69,19 @@ def unreachable(node: str, error: Exception) -> Finding:
                    manual(hint or "check the address, the key and that sshd runs"))
 
 
-def fit_for_check(inventory: Inventory, fleet: Fleet, facts: Mapping[str, NodeFacts],
+def fit_for_check(inventory: Inventory, fleet: Fleet, hosts: Mapping[str, Host],
                   plan: ServePlan | None):  # noqa: ANN201 - Fit | None
     """The plan's fit against the gathered free memory; None when it cannot be computed (no model,
     no plan, the checkpoint not on the head yet: other findings say so)."""
-    if plan is None or inventory.model is None or len(facts) < len(inventory.nodes) or \
-            any(f.memory is None for f in facts.values()):
+    memory = {n: host.fact(MEMINFO) for n, host in hosts.items()}
+    if plan is None or inventory.model is None or len(hosts) < len(inventory.nodes) or \
+            any(m is None for m in memory.values()):
         return None
     from spark_cluster.core.fit import FitError
     from spark_cluster.ops.fit import fit_cluster
 
     try:
-        return fit_cluster(inventory, fleet, plan, free={n: f.memory.available for n, f in facts.items()})
+        return fit_cluster(inventory, fleet, plan, free={n: m.available for n, m in memory.items() if m})
     except (SparkClusterError, FitError):
         return None
 
@@ -90,10 +91,7 @@ def preflight(inventory: Inventory, fleet: Fleet, plan: ServePlan | None) -> Rep
     judged for (None without a servable model)."""
     started = time.monotonic()
     gathered = gather(inventory, fleet)
-    facts = {n: f for n, f in gathered.items() if isinstance(f, NodeFacts)}
+    hosts = {n: f for n, f in gathered.items() if isinstance(f, Host)}
     findings = [unreachable(n, e) for n, e in gathered.items() if isinstance(e, Exception)]
-    findings += run_checks(inventory, facts, plan)
-    # memory.low and competing servers already block those nodes, with their own way out.
-    said = {f.node for f in findings if f.blocking and f.id.startswith("memory.")}
-    findings += check_fit(fit_for_check(inventory, fleet, facts, plan), facts, said)
-    return Report(facts, tuple(findings), time.monotonic() - started)
+    findings += run_checks(inventory, hosts, plan, fit_for_check(inventory, fleet, hosts, plan))
+    return Report(hosts, tuple(findings), time.monotonic() - started)

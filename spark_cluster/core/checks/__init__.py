@@ -1,75 +1,95 @@
-"""Every check, and the one function that runs them all over the facts of all nodes.
+"""Every check, in one registry, and the functions that run them: over the facts of all nodes
+(`check`, `up`) and over one pasted host output (`diagnose --host-output`).
 
-A check is a pure function of facts. One that raises becomes a `check.crashed` finding,
-so a bug in one check never hides what the others found.
+A check is a pure function of facts; its entry says what else it reads (checks.base.Need), and a
+pasted output is judged by the checks that need nothing else. One that raises becomes a
+`check.crashed` finding, so a bug in one check never hides what the others found.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-from spark_cluster.core.facts import NodeFacts
+from spark_cluster.core.checks import cluster, driver, driver_load, fit, link, resources, runtime
+from spark_cluster.core.checks.base import Check, Finding, Need, NodeContext, Severity, blocker, check
+from spark_cluster.core.facts import Host
+from spark_cluster.core.fit import Fit
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.serve_plan import ServePlan
-from spark_cluster.core.checks import cluster, driver, driver_load, link, resources, runtime
-from spark_cluster.core.checks.base import Finding, NodeContext, Severity, blocker
 
-NodeCheck = Callable[[NodeFacts, NodeContext], Iterable[Finding]]
-ClusterCheck = Callable[[Inventory, Mapping[str, NodeFacts]], Iterable[Finding]]
-
-NODE_CHECKS: tuple[NodeCheck, ...] = (
-    resources.check_access,
-    runtime.check_runtime,
-    driver.check_driver,
-    driver_load.check_dkms_build,
-    driver.check_next_boot,
-    driver.check_rdma_modules,
-    driver.check_kernel_log,
-    driver.check_probes,
-)
-# What a pasted host output can be judged by (`diagnose --host-output`): the checks of one node
-# that need no inventory.
-HOST_CHECKS: tuple[NodeCheck, ...] = (
-    driver.check_driver,
-    driver_load.check_dkms_build,
-    driver.check_next_boot,
-    driver.check_rdma_modules,
-    driver.check_kernel_log,
-)
-CLUSTER_CHECKS: tuple[ClusterCheck, ...] = (
-    link.check_links,
-    resources.check_clocks,
-    cluster.check_versions,
-    cluster.check_model_files,
+# In the order they run, and their findings are listed: consecutive node checks node by node, in
+# inventory order, then the checks of all nodes; the fit last, quiet where memory already blocks.
+CHECKS: tuple[Check, ...] = (
+    check(resources.check_access, Need.INVENTORY, Need.GATHERED),
+    check(runtime.check_runtime, Need.INVENTORY),
+    check(driver.check_driver),
+    check(driver_load.check_dkms_build),
+    check(driver.check_next_boot),
+    check(driver.check_rdma_modules),
+    check(driver.check_kernel_log),
+    check(driver.check_probes, Need.GATHERED),
+    check(resources.check_memory, Need.WEIGHTS, Need.PLAN),
+    check(resources.check_disk, Need.INVENTORY, Need.WEIGHTS),
+    check(link.check_links, Need.ALL_NODES, Need.INVENTORY),
+    check(resources.check_clocks, Need.ALL_NODES),
+    check(cluster.check_versions, Need.ALL_NODES, Need.INVENTORY),
+    check(cluster.check_model_files, Need.ALL_NODES, Need.INVENTORY),
+    check(fit.check_fit, Need.FIT, Need.FINDINGS),
 )
 
 
-def _guarded(node: str, check: Callable[..., Iterable[Finding]], *args: object) -> list[Finding]:
+def pasted() -> tuple[Check, ...]:
+    """What a pasted host output can be judged by: the checks of one node that need nothing else."""
+    return tuple(c for c in CHECKS if not c.needs)
+
+
+def _guarded(node: str, entry: Check, *args: object) -> list[Finding]:
     try:
-        return list(check(*args))
+        return list(entry.run(*args))
     except Exception as exc:  # noqa: BLE001 - reported as a finding, never swallowed
-        return [blocker("check.crashed", node, f"the check {check.__name__} failed: {exc!r}",
+        return [blocker("check.crashed", node, f"the check {entry.name} failed: {exc!r}",
                         "a bug in spark-cluster: please report it")]
 
 
-def run_checks(inventory: Inventory, facts: Mapping[str, NodeFacts], plan: ServePlan | None) -> list[Finding]:
-    """All findings: per node in inventory order, then across nodes. ``plan``: the launch the
-    memory is judged for (serve_plan_or_none; None without a servable model)."""
+def _phases(entries: Iterable[Check]) -> list[list[Check]]:
+    """Runs of consecutive entries of one kind (per node, or of all nodes)."""
+    phases: list[list[Check]] = []
+    for entry in entries:
+        if phases and phases[-1][0].per_node == entry.per_node:
+            phases[-1].append(entry)
+        else:
+            phases.append([entry])
+    return phases
+
+
+def run_checks(inventory: Inventory, hosts: Mapping[str, Host], plan: ServePlan | None,
+               fit: Fit | None = None) -> list[Finding]:
+    """All findings. ``plan``: the launch the memory is judged for (serve_plan_or_none; None
+    without a servable model); ``fit``: its fit on the nodes' free memory (ops.preflight)."""
     findings: list[Finding] = []
-    need = resources.model_bytes_per_node(inventory, facts)
+    weights = resources.model_bytes_per_node(inventory, hosts)
     util = plan.gpu_memory_utilization if plan is not None else None
-    for spec in inventory.nodes:
-        f = facts.get(spec.name)
-        if f is None:
+    for phase in _phases(CHECKS):
+        if not phase[0].per_node:
+            for entry in phase:
+                findings += _guarded("cluster", entry, inventory, hosts)
             continue
-        ctx = NodeContext(inventory, spec)
-        for check in NODE_CHECKS:
-            findings += _guarded(spec.name, check, f, ctx)
-        findings += _guarded(spec.name, resources.check_memory, f, ctx, need, util)
-        findings += _guarded(spec.name, resources.check_disk, f, ctx, need)
-    for cluster_check in CLUSTER_CHECKS:
-        findings += _guarded("cluster", cluster_check, inventory, facts)
+        for spec in inventory.nodes:
+            host = hosts.get(spec.name)
+            if host is None:
+                continue
+            ctx = NodeContext(inventory, spec, weights, util, fit, tuple(findings))
+            for entry in phase:
+                findings += _guarded(spec.name, entry, host, ctx)
     return findings
 
 
-__all__ = ["CLUSTER_CHECKS", "HOST_CHECKS", "NODE_CHECKS", "Finding", "Severity", "run_checks"]
+def judge_host(host: Host) -> list[Finding]:
+    """The findings of the checks a single host's facts can prove, with no inventory (a paste)."""
+    findings: list[Finding] = []
+    for entry in pasted():
+        findings += _guarded(host.node, entry, host, None)
+    return findings
+
+
+__all__ = ["CHECKS", "Check", "Finding", "Need", "Severity", "judge_host", "pasted", "run_checks"]

@@ -4,39 +4,45 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from spark_cluster.core.facts import NodeFacts
+from spark_cluster.core.facts import Host
+from spark_cluster.core.facts.driver_state import PACKAGED_DRIVER
+from spark_cluster.core.facts.runtime import IMAGE, MODEL_FILES, RUNTIME_VERSIONS
+from spark_cluster.core.facts.system import UNAME
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.checks.base import Finding, Severity, blocker, gib, manual, warning
 
 NOT_INSTALLED = "not installed"
 
 
-def _package(dist: str) -> Callable[[NodeFacts], str | None]:
+def _package(dist: str) -> Callable[[Host], str | None]:
     """A package's version; "not installed" where the runtime's Python answered without it
     (one node with Ray and one without is a difference), None where it did not answer."""
-    def read(f: NodeFacts) -> str | None:
-        if "python" not in f.runtime_versions:
-            return None
-        return f.runtime_versions.get(dist, NOT_INSTALLED)
+    def read(host: Host) -> str | None:
+        versions = host.fact(RUNTIME_VERSIONS)
+        return versions.get(dist, NOT_INSTALLED) if "python" in versions else None
     return read
+
+
+def _packaged_driver(host: Host) -> str | None:
+    packaged = host.fact(PACKAGED_DRIVER)
+    return packaged.version if packaged else None
 
 
 # What differing versions cost: Ray refuses to join a cluster of another version (F7), and
 # vLLM/the image must be byte-identical for TP workers; a kernel or driver apart works but
 # is the usual first step towards one node failing after an update.
-VERSIONED: tuple[tuple[str, str, Severity, Callable[[NodeFacts], str | None]], ...] = (
-    ("versions.image-differs", "container image ID", Severity.BLOCKER, lambda f: f.image_id),
+VERSIONED: tuple[tuple[str, str, Severity, Callable[[Host], str | None]], ...] = (
+    ("versions.image-differs", "container image ID", Severity.BLOCKER, lambda host: host.fact(IMAGE)),
     ("versions.ray-differs", "Ray", Severity.BLOCKER, _package("ray")),
     ("versions.vllm-differs", "vLLM", Severity.BLOCKER, _package("vllm")),
     ("versions.python-differs", "Python", Severity.WARNING,
-     lambda f: f.runtime_versions.get("python")),
-    ("versions.driver-differs", "NVIDIA driver (and with it CUDA)", Severity.WARNING,
-     lambda f: f.userspace_driver),
-    ("versions.kernel-differs", "kernel", Severity.WARNING, lambda f: f.kernel or None),
+     lambda host: host.fact(RUNTIME_VERSIONS).get("python")),
+    ("versions.driver-differs", "NVIDIA driver (and with it CUDA)", Severity.WARNING, _packaged_driver),
+    ("versions.kernel-differs", "kernel", Severity.WARNING, lambda host: host.fact(UNAME).kernel or None),
 )
 
 
-def check_versions(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
+def check_versions(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Finding]:
     head = inventory.head.name
     cluster = inventory.cluster
     for id_, what, severity, read in VERSIONED:
@@ -45,7 +51,7 @@ def check_versions(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iter
             continue  # no Ray, or the pinned one installed into every container as it starts
         if id_ == "versions.vllm-differs" and inventory.model is None:
             continue
-        values = {n: v for n, f in facts.items() if (v := read(f))}
+        values = {n: v for n, f in hosts.items() if (v := read(f))}
         if len(set(values.values())) <= 1:
             continue
         # Name the nodes that differ from the head (or from the most common value).
@@ -61,8 +67,8 @@ def check_versions(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iter
                         if id_ == "versions.image-differs" else "")))
 
 
-def check_model_files(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
-    listed = {n: f.model_files for n, f in facts.items() if f.model_files is not None}
+def check_model_files(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Finding]:
+    listed = {n: files for n, host in hosts.items() if (files := host.fact(MODEL_FILES)) is not None}
     if not listed or inventory.model is None:
         return
     from spark_cluster.core.facts.runtime import model_repo

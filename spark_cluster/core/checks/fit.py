@@ -3,31 +3,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Iterator
 
-from spark_cluster.core.checks.base import Finding, blocker, manual
-from spark_cluster.core.facts import NodeFacts
-from spark_cluster.core.fit import GIB, Fit, NodeFit
-
-
-def _ours(facts: NodeFacts | None) -> bool:
-    """This cluster's vLLM runs there: what it holds is not missing (memory.held-by-cluster)."""
-    if facts is None:
-        return False
-    return any(p.pid in facts.own_pids and ("vllm" in p.args.lower() or "rayworker" in p.args.lower())
-               for p in facts.processes)
+from spark_cluster.core.checks.base import Finding, Host, NodeContext, blocker, manual
+from spark_cluster.core.facts.runtime import OWN_RANKS
+from spark_cluster.core.fit import GIB, NodeFit
 
 
-def check_fit(fit: Fit | None, facts: Mapping[str, NodeFacts], said: Set[str] = frozenset()) -> Iterator[Finding]:
-    """`fit`: computed from the node's free memory at gathering time; None when the checkpoint
-    could not be read (model.files-missing says why). `said`: nodes another memory finding blocks."""
-    if fit is None:
+def check_fit(host: Host, ctx: NodeContext) -> Iterator[Finding]:
+    """`ctx.fit`: computed from the nodes' free memory at gathering time; None when the checkpoint
+    could not be read (model.files-missing says why). Quiet where a memory finding blocks the node
+    already (its own way out) and where this cluster's vLLM runs (what it holds is not missing)."""
+    fit = ctx.fit
+    n = next((n for n in fit.nodes if n.node == host.node), None) if fit is not None else None
+    if fit is None or n is None or n.fits or host.fact(OWN_RANKS):
         return
-    for n in fit.nodes:
-        if n.fits or n.node in said or _ours(facts.get(n.node)):
-            continue
-        yield blocker("model.does-not-fit", n.node, f"{fit.model} does not fit on {n.node}: {_why(n)}",
-                      _figures(n), manual(_way_out(n)))
+    if any(f.blocking and f.node == host.node and f.id.startswith("memory.") for f in ctx.findings):
+        return
+    yield blocker("model.does-not-fit", n.node, f"{fit.model} does not fit on {n.node}: {_why(n)}",
+                  _figures(n), manual(_way_out(n)))
 
 
 def _g(n: float) -> str:

@@ -8,28 +8,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from spark_cluster.core.facts import MISSING, NodeFacts
-from spark_cluster.core.facts.network import PING, ping_key
+from spark_cluster.core.facts import MISSING, Host
+from spark_cluster.core.facts.network import IBDEV2NETDEV, INTERFACES, PING, ping_key
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.checks.base import Finding, blocker, fix, manual, warning
 from spark_cluster.core.checks.rdma_ports import ports_with_link
 
 
-def check_links(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
+def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Finding]:
     mtu = inventory.head.link.mtu
     explained: set[tuple[str, int]] = set()  # (node, rail) whose ping failures are accounted for
     for r in range(len(inventory.head.link.rails)):
-        ends = [(spec, facts[spec.name]) for spec in inventory.nodes
-                if spec.name in facts and r < len(spec.link.rails)]
+        ends = [(spec, hosts[spec.name]) for spec in inventory.nodes
+                if spec.name in hosts and r < len(spec.link.rails)]
         admin_down = {spec.name for spec, f in ends
-                      if (i := f.interfaces.get(spec.link.rails[r].interface)) and not i.admin_up}
+                      if (i := f.interface(spec.link.rails[r].interface)) and not i.admin_up}
         for spec, f in ends:
             rail = spec.link.rails[r]
-            interface = f.interfaces.get(rail.interface)
+            interface = f.interface(rail.interface)
             key = (spec.name, r)
             if interface is None:
                 explained.add(key)
-                listed = ", ".join(sorted(f.interfaces)) or "none"
+                listed = ", ".join(sorted(f.fact(INTERFACES))) or "none"
                 yield blocker(
                     "link.interface-missing", spec.name,
                     f"{rail.interface} does not exist on {spec.name}",
@@ -37,7 +37,7 @@ def check_links(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterato
                     manual("check `interface:` in the inventory against `ibdev2netdev` on the node"))
                 continue
             if not interface.admin_up:
-                explained.update((n, r) for n in facts)
+                explained.update((n, r) for n in hosts)
                 yield blocker(
                     "link.down", spec.name,
                     f"{rail.interface} is administratively down on {spec.name}",
@@ -78,14 +78,14 @@ def check_links(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterato
                     f"ip addr show {rail.interface}: {have}",
                     fix("link-address", interface=rail.interface, address=want))
             if interface.mtu != mtu:
-                explained.update((n, r) for n in facts)
+                explained.update((n, r) for n in hosts)
                 yield blocker(
                     "link.mtu-mismatch", spec.name,
                     f"{rail.interface} on {spec.name} has MTU {interface.mtu}, the inventory and the "
                     f"other end want {mtu}: jumbo frames are dropped",
                     f"ip link: {rail.interface} mtu {interface.mtu}",
                     fix("link-mtu", interface=rail.interface, mtu=str(mtu)))
-            hca = f.ibdev.get(rail.interface)
+            hca = f.fact(IBDEV2NETDEV).get(rail.interface)
             if hca is not None and hca[0] != rail.hca:
                 yield warning(
                     "link.hca-mismatch", spec.name,
@@ -93,13 +93,13 @@ def check_links(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterato
                     "NCCL_IB_HCA would name the wrong device",
                     f"ibdev2netdev: {hca[0]} port 1 ==> {rail.interface}",
                     manual(f"set `hca: {hca[0]}` for this rail in the inventory"))
-    yield from _pings(inventory, facts, explained)
+    yield from _pings(inventory, hosts, explained)
 
 
-def _pings(inventory: Inventory, facts: Mapping[str, NodeFacts],
+def _pings(inventory: Inventory, hosts: Mapping[str, Host],
            explained: set[tuple[str, int]]) -> Iterator[Finding]:
     for spec in inventory.nodes:
-        f = facts.get(spec.name)
+        f = hosts.get(spec.name)
         if f is None:
             continue
         for r, rail in enumerate(spec.link.rails):

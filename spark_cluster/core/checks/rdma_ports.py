@@ -6,22 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spark_cluster.core.driver_view import driver_view
-from spark_cluster.core.facts import NodeFacts
+from spark_cluster.core.facts import Host
+from spark_cluster.core.facts.network import IBDEV2NETDEV, INTERFACES, RDMA_PORTS
 
 
-def ports_with_link(facts: NodeFacts, rails: Iterable[str]) -> list[tuple[str, str]]:
+def ports_with_link(host: Host, rails: Iterable[str]) -> list[tuple[str, str]]:
     """(netdev, RoCE device) of the node's RoCE ports that have link and are none of its rails."""
     skip = set(rails)
-    ports = driver_view(facts).ports
+    ports = host.fact(RDMA_PORTS)
     if ports is None:
-        ports = {name: i.carrier for name, i in facts.interfaces.items() if "np" in name}
+        ports = {name: i.carrier for name, i in host.fact(INTERFACES).items() if "np" in name}
     found = []
     for netdev, up in sorted(ports.items()):
         if not up or netdev in skip:
             continue
-        interface = facts.interfaces.get(netdev)
+        interface = host.interface(netdev)
         if interface is not None and not interface.carrier:
             continue  # rdma says ACTIVE from an old read; the netdev itself has no carrier now
-        found.append((netdev, facts.ibdev.get(netdev, ("?", False))[0]))
+        found.append((netdev, host.fact(IBDEV2NETDEV).get(netdev, ("?", False))[0]))
     return found

@@ -5,8 +5,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator, Mapping
 
-from spark_cluster.core.facts import GIB, NodeFacts, Process
-from spark_cluster.core.facts.system import SUDO
+from spark_cluster.core.facts import GIB, Host, Process
+from spark_cluster.core.facts.runtime import MODEL_FILES, OWN_PIDS, OWN_RANKS
+from spark_cluster.core.facts.system import (
+    CLOCK, CLOCK_OFFSET, DISK, MEMINFO, PROCESSES, REBOOT_REQUIRED, SUDO,
+)
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.checks.base import Finding, NodeContext, blocker, fix, gib, info, manual, warning
 
@@ -34,10 +37,10 @@ def competing(processes: tuple[Process, ...]) -> list[Process]:
             if p.name[:COMM_LEN] in names or any(word in p.args for word in COMPETING_ARGS)]
 
 
-def model_bytes_per_node(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> int | None:
+def model_bytes_per_node(inventory: Inventory, hosts: Mapping[str, Host]) -> int | None:
     """What each node must hold of the weights: the checkpoint split over the nodes, or, where no
     node has it yet, the recipe's measured figure."""
-    sizes = [sum(f.model_files.values()) for f in facts.values() if f.model_files]
+    sizes = [sum(files.values()) for host in hosts.values() if (files := host.fact(MODEL_FILES))]
     if sizes:
         return max(sizes) // len(inventory.nodes)
     recipe = _recipe(inventory)
@@ -56,21 +59,18 @@ def _recipe(inventory: Inventory):  # noqa: ANN202 - Recipe | None
         return None
 
 
-def _is_rank(args: str) -> bool:
-    lowered = args.lower()
-    return "vllm" in lowered or "rayworker" in lowered
-
-
-def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None,
-                 util: float | None) -> Iterator[Finding]:
-    """`util`: the launch plan's gpu_memory_utilization, the fraction vLLM asks of each node
-    ("Free memory on device ... is less than desired GPU memory utilization" below it)."""
-    memory = facts.memory
+def check_memory(host: Host, ctx: NodeContext) -> Iterator[Finding]:
+    """Against the model's weights per node (ctx.weights) and the fraction vLLM asks of each node
+    (ctx.util, the plan's gpu_memory_utilization: "Free memory on device ... is less than desired
+    GPU memory utilization" below it)."""
+    memory = host.fact(MEMINFO)
     if memory is None:
         return
-    node = facts.node
+    need, util = ctx.weights, ctx.util
+    node = host.node
     state = f"MemAvailable {gib(memory.available)} of {gib(memory.total)}"
-    hogs = [p for p in competing(facts.processes) if p.pid not in facts.own_pids]
+    own = host.fact(OWN_PIDS)
+    hogs = [p for p in competing(host.fact(PROCESSES)) if p.pid not in own]
     if hogs:
         names = ", ".join(f"{p.name} (pid {p.pid})" for p in hogs)
         yield blocker(
@@ -81,9 +81,7 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None,
             fix("stop-competing-servers", pids=" ".join(str(p.pid) for p in hogs),
                 names=" ".join(p.name for p in hogs)))
         return
-    # A rank on a worker node is a Ray actor (`ray::RayWorkerProc`, no "vllm" in its title) or
-    # a headless `vllm serve`: either way the cluster's model is what holds the memory.
-    ours = [p for p in facts.processes if p.pid in facts.own_pids and _is_rank(p.args)]
+    ours = host.fact(OWN_RANKS)
     if ours:  # the model is loaded already: what it holds is not missing
         yield info("memory.held-by-cluster", node,
                    f"this cluster's vLLM runs on {node} and holds its memory; {state}",
@@ -114,11 +112,13 @@ def check_memory(facts: NodeFacts, ctx: NodeContext, need: int | None,
             f"/proc/meminfo: Cached {memory.cached // 1024} kB", fix("drop-caches"))
 
 
-def check_disk(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator[Finding]:
-    disk = facts.disk
+def check_disk(host: Host, ctx: NodeContext) -> Iterator[Finding]:
+    """Room in the model cache's filesystem for the weights not there yet (ctx.weights per node)."""
+    disk = host.fact(DISK)
     if disk is None:
         return
-    node = facts.node
+    need = ctx.weights
+    node = host.node
     where = f"{disk.path}: {gib(disk.available)} free of {gib(disk.size)}"
     if disk.available < max(MIN_FREE_DISK, disk.size // 200):
         yield blocker(
@@ -127,7 +127,7 @@ def check_disk(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator
             manual(f"free space under {disk.path}: old snapshots (`hf cache scan`), docker images "
                    "(`docker image prune`)"))
         return
-    have = sum((facts.model_files or {}).values())
+    have = sum((host.fact(MODEL_FILES) or {}).values())
     missing = max(0, (need or 0) * len(ctx.inventory.nodes) - have)
     if missing > disk.available:
         yield warning(
@@ -136,43 +136,43 @@ def check_disk(facts: NodeFacts, ctx: NodeContext, need: int | None) -> Iterator
             f"df -B1 {disk.path}: avail {disk.available}", manual("free space before staging"))
 
 
-def check_clocks(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Iterator[Finding]:
+def check_clocks(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Finding]:
     """Against the median of all clocks (this machine's included), so one wrong clock,
     not the reference, is the one named."""
-    offsets = {n: f.clock_offset for n, f in facts.items() if f.clock_offset is not None}
+    offsets = {n: offset for n, host in hosts.items() if (offset := host.fact(CLOCK_OFFSET)) is not None}
     if not offsets:
         return
-    reference = statistics.median([0.0, *offsets.values()])
+    reference = statistics.median([0.0, *(o.seconds for o in offsets.values())])
     for node, offset in offsets.items():
-        skew = offset - reference
-        if abs(skew) > CLOCK_TOLERANCE_S + facts[node].clock_uncertainty:
+        skew = offset.seconds - reference
+        if abs(skew) > CLOCK_TOLERANCE_S + offset.uncertainty:
             yield warning(
                 "clock.skew", node,
                 f"the clock of {node} is {abs(skew):.1f} s {'ahead' if skew > 0 else 'behind'} of "
                 "the others: TLS (image pulls) and log correlation suffer",
-                f"date +%s.%N: {facts[node].clock:.3f}, offset {skew:+.2f} s",
+                f"date +%s.%N: {hosts[node].fact(CLOCK):.3f}, offset {skew:+.2f} s",
                 fix("clock-sync"))
 
 
-def check_access(facts: NodeFacts, ctx: NodeContext) -> Iterator[Finding]:
+def check_access(host: Host, ctx: NodeContext) -> Iterator[Finding]:
     from spark_cluster.core.checks.driver import WATCHED  # those have their own finding (probe.failed, nvidia-smi-hung)
 
-    for name, probe in facts.probes.items():
+    for name, probe in host.probes.items():
         if name not in {f.name for f in WATCHED} and probe.rc == 124 and probe.err.startswith("timed out after "):
             yield warning(
-                "facts.probe-slow", facts.node,
-                f"slow probe {name} on {facts.node}: no answer in {probe.err[16:]}, so what it "
+                "facts.probe-slow", host.node,
+                f"slow probe {name} on {host.node}: no answer in {probe.err[16:]}, so what it "
                 "looks at is not checked (the node itself answered)",
-                f"{name}: {probe.err}", manual(f"see what makes it slow on {facts.node}"))
-    if not facts.sudo_ok:
-        sudo = facts.probe(SUDO)
+                f"{name}: {probe.err}", manual(f"see what makes it slow on {host.node}"))
+    if not host.fact(SUDO):
+        sudo = host.probe(SUDO)
         yield warning(
-            "sudo.needs-password", facts.node,
+            "sudo.needs-password", host.node,
             f"sudo asks {ctx.spec.user} for a password: `fix` cannot repair this node unattended",
             f"sudo -n true: {sudo.first_line or f'exit {sudo.rc}'}",
-            manual(f"on {facts.node}: echo '{ctx.spec.user} ALL=(ALL) NOPASSWD: ALL' | "
+            manual(f"on {host.node}: echo '{ctx.spec.user} ALL=(ALL) NOPASSWD: ALL' | "
                    "sudo tee /etc/sudoers.d/spark-cluster, or use --ask-sudo-pass"))
-    if facts.reboot_required:
-        yield info("os.reboot-required", facts.node,
+    if host.fact(REBOOT_REQUIRED):
+        yield info("os.reboot-required", host.node,
                    "the system asks for a reboot after an update",
                    "/var/run/reboot-required exists", manual("reboot when convenient"))

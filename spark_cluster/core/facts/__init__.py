@@ -1,19 +1,21 @@
-"""A node's facts: each defined once, as its name, the command that gathers it and the reader of
-its output (facts.base.Fact), in the module of its concern; all of them in FACTS.
+"""A node's facts: each defined once, in the module of its concern, all of them in FACTS (what a
+probe answers: its name, the command that gathers it and the reader of its output, facts.base.Fact)
+and DERIVED (what is computed from other facts, facts.base.Derived).
 
-`check` gathers them (`probes_for`, then facts.gather) and `diagnose --host-output` fills them from a paste; both read
-them with the same readers (facts.node.parse_facts). Whatever reads a fact imports its object
-(`from spark_cluster.core.facts.driver import NVIDIA_SMI`), so a misspelt fact fails at import.
+`check` gathers them (facts.gather) and `diagnose --host-output` fills them from a paste; both read
+them through one `Host` (facts.host), one way: `host.fact(NVIDIA_SMI)`, `host.fact(NEXT_BOOT_KERNEL)`.
+Whatever reads a fact imports its object (`from spark_cluster.core.facts.driver import NVIDIA_SMI`),
+so a misspelt fact fails at import.
 """
 
 from __future__ import annotations
 
-from spark_cluster.core.facts import driver, network, packages, runtime, system
-from spark_cluster.core.facts.base import GIB, KIB, MISSING, Fact, Probe, ProbeOutput, Target
+from spark_cluster.core.facts import driver, driver_state, network, packages, runtime, system
+from spark_cluster.core.facts.base import GIB, KIB, MISSING, Derived, Fact, Probe, ProbeOutput, Target
 from spark_cluster.core.facts.driver import Gpu, parse_gpu, parse_lsmod, parse_proc_driver
 from spark_cluster.core.facts.gather import gather_command
+from spark_cluster.core.facts.host import Host, parse_facts
 from spark_cluster.core.facts.network import Interface, parse_ibdev2netdev, parse_ip_addr, parse_speeds
-from spark_cluster.core.facts.node import NodeFacts, parse_facts
 from spark_cluster.core.facts.packages import Package, kernel_sort_key, parse_kernel_modules, parse_packages
 from spark_cluster.core.facts.runtime import parse_model_files, parse_python
 from spark_cluster.core.facts.system import Disk, Memory, Process, parse_df, parse_meminfo, parse_processes, parse_release
@@ -33,14 +35,19 @@ _ORDER = (
     network.PING, driver.LSMOD_FILTERED,
 )
 FACTS: dict[str, Fact[object]] = {f.name: f for f in _ORDER}
+_MODULES = (system, packages, driver, network, runtime, driver_state)
+DERIVED: dict[str, Derived[object]] = {d.name: d for m in _MODULES for d in getattr(m, "DERIVED", ())}
 
 
 def _complete() -> None:
-    """Every fact of the concern modules is in FACTS once: a new one cannot be forgotten."""
-    defined = [f for module in (system, packages, driver, network, runtime) for f in module.FACTS]
-    names = [f.name for f in defined]
-    if len(set(names)) != len(names) or set(names) != set(FACTS) or len(_ORDER) != len(FACTS):
-        raise ImportError(f"the fact registry and the fact modules disagree: {sorted(set(names) ^ set(FACTS))}")
+    """Every fact of the concern modules is in the registry once, and no derived fact takes a
+    probe's name: a new one cannot be forgotten, nor shadow another in a host's values."""
+    defined = [f.name for m in _MODULES for f in getattr(m, "FACTS", ())]
+    derived = [d.name for m in _MODULES for d in getattr(m, "DERIVED", ())]
+    if len(set(defined)) != len(defined) or set(defined) != set(FACTS) or len(_ORDER) != len(FACTS) \
+            or len(set(derived)) != len(derived) or set(derived) & set(FACTS):
+        raise ImportError(f"the fact registry and the fact modules disagree: {sorted(set(defined) ^ set(FACTS))}, "
+                          f"derived {sorted(derived)}")
 
 
 _complete()
@@ -62,9 +69,9 @@ def fact(name: str) -> Fact[object]:
 
 
 __all__ = [
-    "FACTS", "GIB", "KIB", "MISSING", "Disk", "Fact", "Gpu", "Interface", "Memory", "NodeFacts", "Package",
-    "Probe", "ProbeOutput", "Process", "Target", "fact", "gather_command", "kernel_sort_key", "parse_df",
-    "parse_facts", "parse_gpu", "parse_ibdev2netdev", "parse_ip_addr", "parse_kernel_modules", "parse_lsmod",
-    "parse_meminfo", "parse_model_files", "parse_packages", "parse_processes", "parse_proc_driver",
+    "DERIVED", "FACTS", "GIB", "KIB", "MISSING", "Derived", "Disk", "Fact", "Gpu", "Host", "Interface", "Memory",
+    "Package", "Probe", "ProbeOutput", "Process", "Target", "fact", "gather_command", "kernel_sort_key",
+    "parse_df", "parse_facts", "parse_gpu", "parse_ibdev2netdev", "parse_ip_addr", "parse_kernel_modules",
+    "parse_lsmod", "parse_meminfo", "parse_model_files", "parse_packages", "parse_processes", "parse_proc_driver",
     "parse_python", "parse_release", "parse_speeds", "probes_for",
 ]

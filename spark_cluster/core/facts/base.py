@@ -1,8 +1,10 @@
-"""What a fact is: a name, the command that gathers it on a node, and the pure reader of its output.
+"""What a fact is: a name, the command that gathers it on a node, and the pure reader of its output;
+or, derived, a name and what it is computed from the host's other facts.
 
 A fact is defined once, in the module of its concern (system, packages, driver, network, runtime),
-and listed in the registry (`spark_cluster.core.facts.FACTS`). What reads a fact imports its
-object, so a misspelt fact fails at import instead of reading as "not run".
+and listed in the registry (`spark_cluster.core.facts.FACTS`, `DERIVED`). What reads a fact imports
+its object and asks the host for it (`host.fact(UNAME)`), so a misspelt fact fails at import
+instead of reading as "not run".
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from spark_cluster.core.inventory import Inventory, NodeSpec
+
+if TYPE_CHECKING:
+    from spark_cluster.core.facts.host import Host
 
 T = TypeVar("T")
 PROBE_TIMEOUT = 10
@@ -36,6 +41,14 @@ class ProbeOutput:
             if line.strip():
                 return line.strip()
         return ""
+
+    @property
+    def reason(self) -> str:
+        """Why it failed: the first line of stderr, else of stdout, else its exit code."""
+        for line in (self.err + "\n" + self.out).splitlines():
+            if line.strip():
+                return line.strip()
+        return f"exit {self.rc}"
 
 
 MISSING = ProbeOutput(127, "", "not run")
@@ -85,11 +98,28 @@ class Fact(Generic[T]):
             return [Probe(f"{self.name}:{key}", line, timeout) for key, line in command.items()]
         return [Probe(self.name, command, timeout)]
 
+    def value(self, host: Host) -> T:
+        """What the reader makes of the host's answer (`host.fact(self)` keeps it)."""
+        return self.read(host.probes.get(self.name))
+
     def status(self, probe: ProbeOutput | None) -> str:
         return status(probe, self.strict)
 
     def answered(self, probe: ProbeOutput | None) -> bool:
         return status(probe, self.strict) == "ok"
+
+
+@dataclass(frozen=True)
+class Derived(Generic[T]):
+    """Knowledge no single probe holds (the kernel the next boot starts, the loaded module's
+    flavour): computed from the host's other facts, never raising, and read like a fact
+    (`host.fact(NEXT_BOOT_KERNEL)`), once per host."""
+
+    name: str
+    compute: Callable[[Host], T]
+
+    def value(self, host: Host) -> T:
+        return self.compute(host)
 
 
 def status(probe: ProbeOutput | None, strict: bool) -> str:

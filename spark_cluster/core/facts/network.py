@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from spark_cluster.core.facts.base import Fact, Target, answered, integer, text
+from spark_cluster.core.facts.base import Derived, Fact, Target, answered, integer, text
 from spark_cluster.core.parsers import rdma
 from spark_cluster.core.shell import join
+
+if TYPE_CHECKING:
+    from spark_cluster.core.facts.host import Host
 
 
 @dataclass(frozen=True)
@@ -117,4 +121,25 @@ RDMA_LINK = answered("rdma_link", "command -v rdma >/dev/null 2>&1 || { echo 'rd
 # One probe per rail and peer; the checks read them by `ping_key`.
 PING = Fact("ping", _ping_commands, lambda probe: probe, timeout=6)
 
+
+def _interfaces(host: Host) -> dict[str, Interface]:
+    speeds = host.fact(SPEED)
+    return {name: replace(i, speed_mbps=speeds.get(name)) for name, i in host.fact(IP_ADDR).items()}
+
+
+def _rdma_ports(host: Host) -> dict[str, bool] | None:
+    """RoCE netdev -> has link: `rdma link`, else ibdev2netdev; None when neither says."""
+    ports = None
+    if parsed := host.fact(RDMA_LINK):
+        ports = {p.netdev: p.active for p in parsed.values() if p.netdev}
+    if not ports and (ibdev := host.fact(IBDEV2NETDEV)):
+        ports = {netdev: up for netdev, (_, up) in ibdev.items()}
+    return ports
+
+
+# The interfaces with their link speeds (ip addr and sysfs together).
+INTERFACES = Derived("interfaces", _interfaces)
+RDMA_PORTS = Derived("rdma_ports", _rdma_ports)
+
 FACTS = (IBDEV2NETDEV, IP_ADDR, SPEED, RDMA_LINK, PING)
+DERIVED = (INTERFACES, RDMA_PORTS)

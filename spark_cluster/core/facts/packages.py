@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from spark_cluster.core.facts.base import Fact, answered, text
+from spark_cluster.core.facts.base import Derived, Fact, answered, text
+from spark_cluster.core.facts.system import UNAME
 from spark_cluster.core.parsers import apt_log, dkms
 from spark_cluster.core.shell import join
+
+if TYPE_CHECKING:
+    from spark_cluster.core.facts.host import Host
 
 DPKG_PATTERNS = (
     "linux-image-*", "linux-modules-nvidia-*", "nvidia-driver-*", "nvidia-dkms-*",
@@ -20,7 +25,7 @@ DPKG_PATTERNS = (
 class Package:
     name: str
     version: str
-    installed: bool
+    is_installed: bool
 
 
 def kernel_sort_key(kver: str) -> tuple[int, ...]:
@@ -92,4 +97,21 @@ DKMS_BUILD = answered(
                   "^dpkg: error processing|is not configured yet|dkms autoinstall on' $f; } | tail -n 60; true",
     dkms.parse_build_failures, strict=True)
 
+
+
+def _next_boot_kernel(host: Host) -> str | None:
+    """GRUB's default on a Spark boots the newest installed kernel. A kernel whose image dpkg lists
+    as removed (`rc`: config files left, e.g. after backing out a bad update) boots no more, so it
+    does not count."""
+    listed = host.fact(PACKAGES)
+    kernels = [k for k in host.fact(KERNEL_MODULES)
+               if (image := listed.get(f"linux-image-{k}")) is None or image.is_installed]
+    running = host.fact(UNAME).kernel
+    kernels = kernels or ([running] if running else [])
+    return max(kernels, key=kernel_sort_key) if kernels else None
+
+
+NEXT_BOOT_KERNEL = Derived("next_boot_kernel", _next_boot_kernel)
+
 FACTS = (PACKAGES, KERNEL_MODULES, APT_HISTORY, UNATTENDED_LOG, HOLDS, DKMS_BUILD)
+DERIVED = (NEXT_BOOT_KERNEL,)

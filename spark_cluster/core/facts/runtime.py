@@ -3,10 +3,16 @@ the image, the model's files in the HF cache, and the processes of this cluster'
 
 from __future__ import annotations
 
-from spark_cluster.core.facts.base import PROBE_TIMEOUT, Fact, ProbeOutput, Target, integer, text
+from typing import TYPE_CHECKING
+
+from spark_cluster.core.facts.base import PROBE_TIMEOUT, Derived, Fact, ProbeOutput, Target, integer, text
+from spark_cluster.core.facts.system import PROCESSES, Process
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.programs import words
 from spark_cluster.core.shell import Raw, join, model_dir, remote_path
+
+if TYPE_CHECKING:
+    from spark_cluster.core.facts.host import Host
 
 EACH_FILE = Raw('"$f"')
 
@@ -107,4 +113,24 @@ IMAGE = Fact("image", _image_command, text(lambda t: t.strip() or None))
 # Starting a container takes longer than asking a Python.
 PYTHON = Fact("python", _python_command, text(parse_python), timeout=lambda t: 60 if _container(t) else PROBE_TIMEOUT)
 
+
+def _runtime_versions(host: Host) -> dict[str, str]:
+    docker = host.fact(DOCKER)
+    return {**host.fact(PYTHON), **({"docker": docker} if docker else {})}
+
+
+def _own_ranks(host: Host) -> tuple[Process, ...]:
+    # A rank on a worker node is a Ray actor (`ray::RayWorkerProc`, no "vllm" in its title) or
+    # a headless `vllm serve`: either way the cluster's model is what holds the memory.
+    own = host.fact(OWN_PIDS)
+    return tuple(p for p in host.fact(PROCESSES)
+                 if p.pid in own and ("vllm" in p.args.lower() or "rayworker" in p.args.lower()))
+
+
+# python, ray, vllm, torch (those the runtime's Python has), and docker's server version.
+RUNTIME_VERSIONS = Derived("runtime_versions", _runtime_versions)
+# This cluster's own vLLM ranks among the biggest processes: what they hold is not missing.
+OWN_RANKS = Derived("own_ranks", _own_ranks)
+
 FACTS = (OWN_PIDS, MODEL_FILES, DOCKER, IMAGE, PYTHON)
+DERIVED = (RUNTIME_VERSIONS, OWN_RANKS)

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
-from spark_cluster.core.facts.base import KIB, Fact, ProbeOutput, Target, integer, number, text
+from spark_cluster.core.facts.base import KIB, Derived, Fact, ProbeOutput, Target, integer, number, text
 from spark_cluster.core.shell import remote_path
+
+if TYPE_CHECKING:
+    from spark_cluster.core.facts.host import Host
+
+
+class Uname(NamedTuple):
+    kernel: str  # "" when unknown
+    arch: str
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,12 @@ class Disk:
     path: str
     available: int
     size: int
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    seconds: float  # the node's clock minus this machine's, round trip removed
+    uncertainty: float  # half the round trip
 
 
 def parse_release(text: str, key: str) -> str:
@@ -96,9 +111,9 @@ def parse_df(text: str) -> Disk | None:
     return None
 
 
-def _uname(text: str) -> tuple[str, str]:
+def _uname(text: str) -> Uname:
     words = text.split()
-    return (words[0] if words else "", words[1] if len(words) > 1 else "")
+    return Uname(words[0] if words else "", words[1] if len(words) > 1 else "")
 
 
 def _dgx_version(text: str) -> str:
@@ -134,5 +149,17 @@ REBOOT_REQUIRED = Fact("reboot_required", "cat /var/run/reboot-required",
                        lambda probe: probe is not None and probe.ok)
 DISK = Fact("disk", _disk_command, text(parse_df))
 
+
+def _clock_offset(host: Host) -> ClockOffset | None:
+    clock = host.fact(CLOCK)
+    if clock is None or host.round_trip is None:
+        return None
+    sent, received = host.round_trip
+    return ClockOffset(clock - (sent + received) / 2, (received - sent) / 2)
+
+
+CLOCK_OFFSET = Derived("clock_offset", _clock_offset)
+
 FACTS = (HOSTNAME, UNAME, OS_RELEASE, DGX_RELEASE, MEMINFO, PROCESSES, CLOCK, SUDO, SECURE_BOOT,
          REBOOT_REQUIRED, DISK)
+DERIVED = (CLOCK_OFFSET,)
