@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from spark_cluster_lab import layout
+from spark_cluster_lab.consumers import add_consumer, forget_consumer, prune_gone_consumers
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import add_consumer, forget_consumer, load_state, locked_state, prune_gone_consumers
+from spark_cluster_lab.state import load_state, locked_state
 
 # Names nvidia-smi shows for vLLM's GPU processes: a Ray actor's process title, and the engine
 # process vLLM titles itself (setproctitle "VLLM::EngineCore") when it runs the model in-process.

@@ -13,11 +13,11 @@ import signal
 from pathlib import Path
 
 
-from spark_cluster_lab.standins.common import Ctx, err, is_root, out
-from spark_cluster_lab.state import (
+from spark_cluster_lab.catalog import (
     KERNELS, NVIDIA_MODULES, RDMA_MODULES, installed_kernels, module_driver, module_load_error, module_source,
-    process_start,
 )
+from spark_cluster_lab.consumers import process_start
+from spark_cluster_lab.standins.common import Ctx, err, is_root, out
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
 if TYPE_CHECKING:
