@@ -32,12 +32,9 @@ from spark_cluster_lab.node_memory import (
 )
 from spark_cluster_lab.standins.gpu import gpu_processes
 from spark_cluster_lab.state import load_state, locked_state
-from spark_cluster_lab.vllm_emulator import (
-    RayWorkerProc,
-    api_keys,
-    bar_line,
-    resolve_model,
-)
+from spark_cluster_lab.vllm_emulator import api_keys
+from spark_cluster_lab.vllm_model_files import resolve_model
+from spark_cluster_lab.vllm_worker import RayWorkerProc, bar_line
 
 PY = sys.executable
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
