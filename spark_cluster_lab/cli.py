@@ -88,11 +88,13 @@ def lab_heal(node: str) -> int:
 
 @lab.command("faults")
 def lab_faults() -> int:
-    """List the faults `lab break` can inject."""
-    from spark_cluster_lab.faults import FAULTS
+    """List the faults `lab break` can inject, and what each leaves on the node."""
+    from spark_cluster_lab.faults.listing import lines
 
-    for fault in FAULTS:
-        ui.CONSOLES.out.print(fault)
+    faults = lines()
+    width = max(len(name) for name, _ in faults)
+    for name, summary in faults:
+        ui.CONSOLES.out.print(Text(f"{name.ljust(width)}  {summary}"), soft_wrap=True)
     return 0
 
 

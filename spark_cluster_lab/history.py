@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from spark_cluster_lab.catalog import USERSPACE
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import USERSPACE
 
 
 def apt_log_dir(paths: NodePaths):  # noqa: ANN201 - a Path

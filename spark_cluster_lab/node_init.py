@@ -111,14 +111,9 @@ def _free_ended(root: Path) -> None:
     """The kernel frees an ended process's memory at once: forget the memory consumers of the
     node's state whose process is gone (a SIGKILLed rank, an OOM-killed engine), so the node's
     meminfo shows it free before anything else reads it. PID 1 sees the node's pids as recorded."""
+    from spark_cluster_lab.consumers import gone_consumers, prune_gone_consumers, render_meminfo
     from spark_cluster_lab.layout import NodePaths
-    from spark_cluster_lab.state import (
-        gone_consumers,
-        load_state,
-        locked_state,
-        prune_gone_consumers,
-        render_meminfo,
-    )
+    from spark_cluster_lab.state import load_state, locked_state
 
     paths = NodePaths(root)
     try:

@@ -3,7 +3,7 @@
 A DGX Spark has one pool of memory for CPU and GPU: what vLLM loads and reserves comes out of
 MemAvailable in /proc/meminfo, and nvidia-smi lists the process with its usage. A lab node's
 /proc/meminfo is rendered from its state file, so a rank records itself there as a GPU memory
-consumer (state.add_consumer) and resizes it as it loads, then holds its KV-cache reservation.
+consumer (consumers.add_consumer) and resizes it as it loads, then holds its KV-cache reservation.
 
 Which node: the lab node named as this process's hostname (each node has its own UTS namespace
 whose hostname is the node's name) under $SPARK_LAB_ROOT (default layout.LAB_ROOT), else the one
@@ -12,7 +12,7 @@ without one), or its state cannot be changed (not root), nothing is recorded and
 
 Every write also forgets consumers whose process has ended (a SIGKILLed rank, the silent-death
 fault's exit 137): a process reaching this module runs inside its node, where the recorded pids
-are numbered as it numbers them (state.gone_consumers).
+are numbered as it numbers them (consumers.gone_consumers).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from spark_cluster_lab import layout
+from spark_cluster_lab.consumers import add_consumer, forget_consumer, prune_gone_consumers
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import add_consumer, forget_consumer, load_state, locked_state, prune_gone_consumers
+from spark_cluster_lab.state import load_state, locked_state
 
 # Names nvidia-smi shows for vLLM's GPU processes: a Ray actor's process title, and the engine
 # process vLLM titles itself (setproctitle "VLLM::EngineCore") when it runs the model in-process.
@@ -53,7 +54,7 @@ def lab_node(hostname: str | None = None, lab_root: Path | str | None = None) ->
 
 def _bound_node() -> NodePaths | None:
     # A lab started under another root, reached over SSH without $SPARK_LAB_ROOT: the node's own
-    # nvidia-smi wrapper (state.write_wrappers) names its node's directory.
+    # nvidia-smi wrapper (wrappers.write_wrappers) names its node's directory.
     try:
         with open(STANDINS / "nvidia-smi", "rb") as f:
             head = f.read(4096).decode()

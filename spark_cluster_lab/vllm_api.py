@@ -33,339 +33,31 @@ set (one key or several), every path under /v1 needs `Authorization: Bearer KEY`
 any case), else 401 `{"error": "Unauthorized"}`; /health, /ping, /version, /load and /metrics stay
 open, as vLLM's AuthenticationMiddleware guards only /v1. Where the key comes from (`--api-key`,
 else $VLLM_API_KEY) is the caller's business: vllm_emulator.api_keys.
+
+The parts: vllm_rate (TokenRate, the filler words), vllm_scheduler (admission and pacing, where the
+engine-hang fault stops the tokens), vllm_metrics (/metrics, the throughput line), vllm_requests
+(what a request asks, and vLLM's refusals); here the HTTP server.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import random
 import secrets
 import threading
 import time
 import uuid
-import zlib
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator, Literal, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["TokenRate", "VllmApiServer", "serve_api", "filler_words"]
+from spark_cluster_lab.vllm_metrics import Metrics, StatLogger
+from spark_cluster_lab.vllm_rate import SEED_003_POINTS, TokenRate, filler_words
+from spark_cluster_lab.vllm_requests import ApiError, bad, limits, prompt_of
+from spark_cluster_lab.vllm_scheduler import Aborted, Scheduler
 
-# The Conselara Labs benchmark: DGX Spark x2, vLLM 0.19.0 (NGC 26.04), Qwen3-235B-A22B-GPTQ-Int4, TP=2 EP=2, 256 tokens.
-SEED_003_POINTS: tuple[tuple[int, float], ...] = ((1, 17.0), (2, 12.1), (4, 9.1))
-
-
-@dataclass(frozen=True)
-class TokenRate:
-    """Per-request decode rate as a function of the requests in flight.
-
-    `points` are (requests in flight, tok/s per request), ascending. Between points the per-request
-    rate is interpolated linearly; past the last point the aggregate stays at the last point's
-    (the engine is saturated: more requests share the same throughput). `scale` speeds the whole
-    clock up (decode and prefill) so tests can run quickly. `prefill_tok_s` is an assumption, not
-    a measurement: the benchmark gives no prefill figure.
-    """
-
-    points: tuple[tuple[int, float], ...] = SEED_003_POINTS
-    scale: float = 1.0
-    prefill_tok_s: float = 1000.0
-
-    def __post_init__(self) -> None:
-        if not self.points:
-            raise ValueError("TokenRate needs at least one point")
-        ns = [n for n, _ in self.points]
-        if ns != sorted(set(ns)) or ns[0] < 1 or any(r <= 0 for _, r in self.points):
-            raise ValueError(f"TokenRate points must have ascending distinct n >= 1 and rates > 0: {self.points}")
-        if self.scale <= 0 or self.prefill_tok_s <= 0:
-            raise ValueError("TokenRate scale and prefill_tok_s must be > 0")
-
-    def per_request(self, in_flight: int) -> float:
-        """Unscaled tok/s each request gets with `in_flight` requests running (at least 1)."""
-        n = max(1, in_flight)
-        first_n, first_r = self.points[0]
-        if n <= first_n:
-            return first_r
-        for (n0, r0), (n1, r1) in zip(self.points, self.points[1:]):
-            if n <= n1:
-                return r0 + (r1 - r0) * (n - n0) / (n1 - n0)
-        last_n, last_r = self.points[-1]
-        return last_r * last_n / n
-
-    def aggregate(self, in_flight: int) -> float:
-        """Unscaled tok/s of all `in_flight` requests together."""
-        return self.per_request(in_flight) * max(1, in_flight)
-
-    def token_seconds(self, in_flight: int) -> float:
-        """Wall seconds one decode step of one request takes now (scaled)."""
-        return 1.0 / (self.per_request(in_flight) * self.scale)
-
-    def prefill_seconds(self, prompt_tokens: int) -> float:
-        return prompt_tokens / (self.prefill_tok_s * self.scale)
-
-
-# --------------------------------------------------------------------------- filler text
-
-_WORDS = (
-    "the cluster of two sparks answers every request with steady tokens while the ray head "
-    "schedules workers across the link and each expert layer shares its load so that memory "
-    "stays within bounds and the cache holds recent prefixes for reuse when prompts repeat "
-    "model weights rest on unified memory attention kernels stream through blocks quietly "
-    "throughput grows with batch size until bandwidth limits the decode step again"
-).split()
-
-
-def filler_words(prompt_key: str, n: int, seed: int | None = None) -> list[str]:
-    """The `n` words the double "generates" for a prompt: deterministic for (prompt, seed)."""
-    rng = random.Random(zlib.crc32(prompt_key.encode()) ^ (0 if seed is None else (seed * 0x9E3779B1) & 0xFFFFFFFF))
-    return [rng.choice(_WORDS) for _ in range(n)]
-
-
-def count_tokens(text: str) -> int:
-    return len(text.split())
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-def _buckets_1_2_5(limit: int) -> list[float]:
-    """vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to `limit`."""
-    out: list[float] = []
-    exp = 0
-    while True:
-        for m in (1, 2, 5):
-            v = m * 10**exp
-            if v > limit:
-                return out
-            out.append(float(v))
-        exp += 1
-
-
-_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0]
-_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                    240.0, 480.0, 960.0, 1920.0, 7680.0]
-FINISH_REASONS = ("stop", "length", "abort")
-
-
-class _Metrics:
-    """vLLM's /metrics series for one engine (engine="0"), in a registry of their own."""
-
-    def __init__(self, model: str, max_model_len: int) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.model = model
-        labels = ["model_name", "engine"]
-        values = {"model_name": model, "engine": "0"}
-        r = self.registry
-
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, labels, registry=r).labels(**values)
-
-        def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, labels, registry=r).labels(**values)
-
-        def hist(name: str, doc: str, buckets: list[float]) -> Any:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(**values)
-
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prefix_queries = counter("vllm:prefix_cache_queries",
-                                      "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          [*labels, "finished_reason"], registry=r)
-        self.success = {reason: success.labels(**values, finished_reason=reason) for reason in FINISH_REASONS}
-        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         _TTFT_BUCKETS)
-        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                        _ITL_BUCKETS)
-        self.tpot = hist("vllm:request_time_per_output_token_seconds",
-                         "Histogram of time_per_output_token_seconds per request.", _ITL_BUCKETS)
-        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                        _LATENCY_BUCKETS)
-        self.queue = hist("vllm:request_queue_time_seconds",
-                          "Histogram of time spent in WAITING phase for request.", _LATENCY_BUCKETS)
-        self.inference = hist("vllm:request_inference_time_seconds",
-                              "Histogram of time spent in RUNNING phase for request.", _LATENCY_BUCKETS)
-        self.prefill = hist("vllm:request_prefill_time_seconds",
-                            "Histogram of time spent in PREFILL phase for request.", _LATENCY_BUCKETS)
-        self.decode = hist("vllm:request_decode_time_seconds",
-                           "Histogram of time spent in DECODE phase for request.", _LATENCY_BUCKETS)
-        token_buckets = _buckets_1_2_5(max_model_len)
-        self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets)
-        self.req_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                            token_buckets)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
-
-    def total(self, name: str) -> float:
-        return self.registry.get_sample_value(name, {"model_name": self.model, "engine": "0"}) or 0.0
-
-
-class _StatLogger(threading.Thread):
-    """vLLM's LoggingStatLogger: every VLLM_LOG_STATS_INTERVAL seconds, one line of throughput and
-    load, at INFO only when the engine was not idle (idle intervals go to DEBUG: not printed)."""
-
-    def __init__(self, engine: "_Engine", log: Callable[[str], None], interval: float) -> None:
-        super().__init__(name="vllm-stat-logger", daemon=True)
-        self.engine, self.log, self.interval = engine, log, interval
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        m = self.engine.metrics
-        last = (m.total("vllm:prompt_tokens_total"), m.total("vllm:generation_tokens_total"))
-        started = time.monotonic()
-        while not self.done.wait(self.interval):
-            now = (m.total("vllm:prompt_tokens_total"), m.total("vllm:generation_tokens_total"))
-            spent = max(time.monotonic() - started, 1e-9)
-            prompt, generation = ((b - a) / spent for a, b in zip(last, now))
-            last, started = now, time.monotonic()
-            engine = self.engine
-            if not (prompt or generation or engine.running or engine.waiting):
-                continue
-            queries = m.total("vllm:prefix_cache_queries_total")
-            hit = 100.0 * m.total("vllm:prefix_cache_hits_total") / queries if queries else 0.0
-            kv = 100.0 * min(1.0, engine.kv_tokens / engine.kv_cache_tokens)
-            self.log(f"Engine 000: Avg prompt throughput: {prompt:.1f} tokens/s, Avg generation throughput: "
-                     f"{generation:.1f} tokens/s, Running: {engine.running} reqs, Waiting: {engine.waiting} reqs, "
-                     f"GPU KV cache usage: {kv:.1f}%, Prefix cache hit rate: {hit:.1f}%")
-
-
-# --------------------------------------------------------------------------- engine
-
-
-class _Aborted(Exception):
-    pass
-
-
-@dataclass
-class _Engine:
-    """Admission, pacing and accounting shared by all requests of one server."""
-
-    model: str
-    max_model_len: int
-    rate: TokenRate
-    max_num_seqs: int
-    kv_cache_tokens: int
-    metrics: _Metrics
-    dead: bool = False
-    stopping: bool = False
-    running: int = 0
-    waiting: int = 0
-    kv_tokens: int = 0
-    # The engine-hang fault: while this says so, no token comes out (process and /health stay up).
-    hung: Callable[[], bool] = lambda: False
-    cond: threading.Condition = field(default_factory=threading.Condition)
-
-    def _publish(self) -> None:  # call with cond held
-        self.metrics.running.set(self.running)
-        self.metrics.waiting.set(self.waiting)
-        self.metrics.kv_usage.set(min(1.0, self.kv_tokens / self.kv_cache_tokens))
-
-    def admit(self, prompt_tokens: int) -> None:
-        with self.cond:
-            self.waiting += 1
-            self._publish()
-            try:
-                while self.running >= self.max_num_seqs and not self.stopping:
-                    self.cond.wait(0.5)
-            finally:
-                self.waiting -= 1
-            if self.stopping:
-                self._publish()
-                raise _Aborted
-            self.running += 1
-            self.kv_tokens += prompt_tokens
-            self._publish()
-
-    def grow(self, tokens: int) -> None:
-        with self.cond:
-            self.kv_tokens += tokens
-            self._publish()
-
-    def release(self, held_tokens: int) -> None:
-        with self.cond:
-            self.running -= 1
-            self.kv_tokens -= held_tokens
-            self._publish()
-            self.cond.notify_all()
-
-    def in_flight(self) -> int:
-        return self.running
-
-    def generate(self, prompt_tokens: int, words: list[str]) -> Iterator[str]:
-        """Yield the words at the modelled pace, keeping the metrics as vLLM's engine would."""
-        m = self.metrics
-        arrived = time.monotonic()
-        self.admit(prompt_tokens)
-        admitted = time.monotonic()
-        held = prompt_tokens
-        produced = 0
-        reason = "abort"
-        try:
-            m.queue.observe(admitted - arrived)
-            m.prompt_tokens.inc(prompt_tokens)
-            m.prefix_queries.inc(prompt_tokens)
-            m.req_prompt.observe(prompt_tokens)
-            due = admitted + self.rate.prefill_seconds(prompt_tokens)
-            first_at = last_at = admitted
-            for word in words:
-                due += self.rate.token_seconds(self.in_flight())
-                delay = due - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                while self.hung() and not self.stopping:
-                    time.sleep(0.5)
-                if self.stopping:
-                    raise _Aborted
-                now = time.monotonic()
-                if produced == 0:
-                    first_at = now
-                    m.ttft.observe(now - arrived)
-                    m.prefill.observe(now - admitted)
-                else:
-                    m.itl.observe(now - last_at)
-                last_at = now
-                produced += 1
-                held += 1
-                m.generation_tokens.inc()
-                self.grow(1)
-                yield word
-            reason = "done"
-        finally:
-            self.release(held)
-            end = time.monotonic()
-            if reason == "done" or produced:
-                m.e2e.observe(end - arrived)
-                m.inference.observe(end - admitted)
-                m.decode.observe(max(0.0, last_at - first_at) if produced else 0.0)
-                m.req_gen.observe(produced)
-                if produced > 1:
-                    m.tpot.observe((last_at - first_at) / (produced - 1))
-            if reason != "done":
-                m.success["abort"].inc()
-
-
-# --------------------------------------------------------------------------- HTTP
-
-
-class _ApiError(Exception):
-    def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.err_type, self.param = status, message, err_type, param
-
-
-def _bad(message: str, param: str | None = None) -> _ApiError:
-    return _ApiError(400, message, "BadRequestError", param)
+__all__ = ["SEED_003_POINTS", "TokenRate", "VllmApiServer", "serve_api", "filler_words"]
 
 
 class VllmApiServer(ThreadingHTTPServer):
@@ -380,7 +72,7 @@ class VllmApiServer(ThreadingHTTPServer):
     answer_tokens: int
     error_style: Literal["nested", "flat"]
     created: int
-    engine: _Engine
+    engine: Scheduler
     thread: threading.Thread
 
     @property
@@ -388,7 +80,7 @@ class VllmApiServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
-    stat_logger: _StatLogger | None = None
+    stat_logger: StatLogger | None = None
 
     def shutdown(self) -> None:
         """Stop serving, abort requests in flight and close the socket."""
@@ -424,7 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(obj).encode())
 
-    def _error(self, e: _ApiError) -> None:
+    def _error(self, e: ApiError) -> None:
         if self.server.error_style == "flat":
             body: dict[str, Any] = {"object": "error", "message": e.message, "type": e.err_type,
                                     "param": e.param, "code": e.status}
@@ -455,9 +147,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _bad(f"JSON decode error: {e}") from None
+            raise bad(f"JSON decode error: {e}") from None
         if not isinstance(obj, dict):
-            raise _bad("Input should be a valid dictionary or object to extract fields from")
+            raise bad("Input should be a valid dictionary or object to extract fields from")
         return obj
 
     # -- routing
@@ -499,7 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 self._json(404, {"detail": "Not Found"})
-        except _ApiError as e:
+        except ApiError as e:
             self._error(e)
 
     def _model_card(self) -> dict[str, Any]:
@@ -517,69 +209,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- generation
 
-    def _prompt(self, req: dict[str, Any], chat: bool) -> tuple[str, int]:
-        """The prompt's text (the filler's seed) and its token count."""
-        if chat:
-            messages = req.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise _bad("messages: Field required" if messages is None else "messages must be a non-empty list",
-                           "messages")
-            parts: list[str] = []
-            for msg in messages:
-                if not isinstance(msg, dict) or "role" not in msg:
-                    raise _bad("each message needs a role", "messages")
-                content = msg.get("content") or ""
-                if isinstance(content, list):
-                    content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-                parts.append(str(content))
-            text = "\n".join(parts)
-            return text, max(1, count_tokens(text))
-        prompt = req.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            return prompt, max(1, count_tokens(prompt))
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return " ".join(map(str, prompt)), len(prompt)
-        if prompt is None:
-            raise _bad("prompt: Field required", "prompt")
-        raise _bad("the vLLM double takes one prompt per request (a string or a list of token ids)", "prompt")
-
-    def _limits(self, req: dict[str, Any], chat: bool, prompt_tokens: int) -> tuple[int, str]:
-        s = self.server
-        if prompt_tokens > s.max_model_len:
-            raise _bad(f"This model's maximum context length is {s.max_model_len} tokens. However, your request "
-                       f"has {prompt_tokens} input tokens. Please reduce the length of the input messages.")
-        asked = req.get("max_completion_tokens") if chat else None
-        if asked is None:
-            asked = req.get("max_tokens")
-        if asked is None:
-            if chat:
-                return min(s.answer_tokens, s.max_model_len - prompt_tokens), "stop"
-            asked = 16
-        if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
-            raise _bad(f"max_tokens must be at least 1, got {asked}.", "max_tokens")
-        if asked > s.max_model_len - prompt_tokens:
-            raise _bad(f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's maximum "
-                       f"context length is {s.max_model_len} tokens and your request has {prompt_tokens} input "
-                       f"tokens ({asked} > {s.max_model_len} - {prompt_tokens}).", "max_tokens")
-        return asked, "length"
-
     def _generate(self, req: dict[str, Any], chat: bool) -> None:
         s = self.server
         model = req.get("model")
         if model is not None and model != s.model:
-            raise _ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
         if s.engine.dead:
-            raise _ApiError(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            raise ApiError(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
                             "InternalServerError")
         stream = bool(req.get("stream", False))
         options = req.get("stream_options")
         if options is not None and not stream:
-            raise _bad("Stream options can only be defined when `stream=True`.", "stream_options")
+            raise bad("Stream options can only be defined when `stream=True`.", "stream_options")
         include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        text, prompt_tokens = self._prompt(req, chat)
-        n_tokens, finish = self._limits(req, chat, prompt_tokens)
+        text, prompt_tokens = prompt_of(req, chat)
+        n_tokens, finish = limits(req, chat, prompt_tokens, s.max_model_len, s.answer_tokens)
         seed = req.get("seed") if isinstance(req.get("seed"), int) else None
         words = filler_words(text, n_tokens, seed)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -588,7 +232,7 @@ class _Handler(BaseHTTPRequestHandler):
         if stream:
             self._stream(tokens, rid, created, chat, prompt_tokens, finish, include_usage)
             return
-        out = [w for w in tokens]  # paced; raises _Aborted if the server stops
+        out = [w for w in tokens]  # paced; raises Aborted if the server stops
         s.engine.metrics.success[finish].inc()
         content = " ".join(out)
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + len(out),
@@ -648,7 +292,7 @@ class _Handler(BaseHTTPRequestHandler):
             send("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, _Aborted):
+        except (BrokenPipeError, ConnectionResetError, Aborted):
             self.close_connection = True
             close = getattr(tokens, "close", None)
             if close:
@@ -665,7 +309,7 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         try:
             super().handle_one_request()
-        except _Aborted:
+        except Aborted:
             self.close_connection = True
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
@@ -709,14 +353,14 @@ def serve_api(
     server.answer_tokens = answer_tokens
     server.error_style = error_style
     server.created = int(time.time())
-    server.engine = _Engine(model=model, max_model_len=max_model_len, rate=rate, max_num_seqs=max_num_seqs,
-                            kv_cache_tokens=kv_cache_tokens or 8 * max_model_len,
-                            metrics=_Metrics(model, max_model_len), hung=hung or (lambda: False))
+    server.engine = Scheduler(model=model, max_model_len=max_model_len, rate=rate, max_num_seqs=max_num_seqs,
+                              kv_cache_tokens=kv_cache_tokens or 8 * max_model_len,
+                              metrics=Metrics(model, max_model_len), hung=hung or (lambda: False))
     server.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                      name=f"vllm-api-{server.server_address[1]}", daemon=True)
     server.thread.start()
     if stats_log is not None:
-        server.stat_logger = _StatLogger(server.engine, stats_log, stats_interval)
+        server.stat_logger = StatLogger(server.engine, stats_log, stats_interval)
         server.stat_logger.start()
     if ready is not None:
         ready.set()

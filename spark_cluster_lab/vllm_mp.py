@@ -61,6 +61,9 @@ LAST node; nccl fails every rank's compile/profile; kv-cache fails the head's en
 every rank at half its load; silent-death: the head exits 137 after loading, without a word.
 Timeouts: SPARK_LAB_MP_TIMEOUT_S (default 600): the head's wait for the others to join, and a
 headless node's attempts to reach the head.
+
+Where each part is: this module has the arguments, a node's ranks and the wire;
+vllm_mp_head.py the head's executor (node rank 0), vllm_mp_headless.py a headless node.
 """
 
 from __future__ import annotations
@@ -70,14 +73,12 @@ import json
 import os
 import select
 import socket
-import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spark_cluster_lab import vllm_worker as vw
+from spark_cluster_lab import vllm_log as vl
+from spark_cluster_lab.vllm_worker import Worker
 
 DEFAULT_TIMEOUT_S = 600.0
 DP_RPC_PORT = 29550  # vLLM's data_parallel_rpc_port default
@@ -114,7 +115,7 @@ def check_args(args: argparse.Namespace, world: int) -> bool:
         if args.node_rank < 0:
             raise ValueError(f"This vLLM test double needs --node-rank in [0, {args.nnodes}); got {args.node_rank}.")
     if args.headless and (args.nnodes <= 1 or args.node_rank == 0):
-        vw.log("INFO", "serve.py:204", f"Launching {args.data_parallel_size} data parallel engine(s) in headless "
+        vl.log("INFO", "serve.py:204", f"Launching {args.data_parallel_size} data parallel engine(s) in headless "
                 f"mode, with head node address tcp://{args.master_addr}:{DP_RPC_PORT}.")
         raise ValueError("This vLLM test double does not emulate headless data-parallel engines: --headless "
                          "runs a node of rank > 0 of --nnodes N.")
@@ -146,15 +147,15 @@ def call_args(method: str, args: argparse.Namespace, max_len: int) -> tuple[Any,
     return ()
 
 
-def _reducing_parallelism() -> None:
-    vw.log("WARNING", f"{WHERE_MP}:1019", f"Reducing Torch parallelism from {os.cpu_count() or 1} threads to 1 "
+def reducing_parallelism() -> None:
+    vl.log("WARNING", f"{WHERE_MP}:1019", f"Reducing Torch parallelism from {os.cpu_count() or 1} threads to 1 "
             "to avoid unnecessary CPU contention. Set OMP_NUM_THREADS in the external environment to tune this "
             "value as needed.")
 
 
 # --------------------------------------------------------------------------- one node's ranks
 
-class MpWorker(vw.Worker):
+class MpWorker(Worker):
     """A rank of the mp executor, run as a thread of its node's process; logs as `(Worker_TP1 pid=N)`."""
 
     def __init__(self, rank: int, local_rank: int, args: argparse.Namespace, world: int, snapshot: Path,
@@ -191,7 +192,7 @@ class LocalRanks:
             t.start()
 
     def _one(self, worker: MpWorker, method: str, call: tuple[Any, ...]) -> None:
-        vw.PREFIX.local.name = worker.name
+        vl.PREFIX.local.name = worker.name
         try:
             self.results[worker.rank] = getattr(worker, method)(*call)
         except Exception as e:  # noqa: BLE001 - the rank has logged it; the executor reports it
@@ -206,11 +207,11 @@ class LocalRanks:
 
     def log_all(self, level: str, where: str, msg: str) -> None:
         for w in self.workers:
-            vw.PREFIX.local.name = w.name
+            vl.PREFIX.local.name = w.name
             try:
-                vw.log(level, where, msg)
+                vl.log(level, where, msg)
             finally:
-                vw.PREFIX.local.name = None
+                vl.PREFIX.local.name = None
 
 
 # --------------------------------------------------------------------------- the wire
@@ -265,195 +266,7 @@ class Channel:
         self.sock.close()
 
 
-class _Remote:
-    def __init__(self, channel: Channel, hello: dict[str, Any], local: int) -> None:
-        self.channel, self.node_rank = channel, int(hello["node_rank"])
-        self.host, self.pid = hello.get("host"), hello.get("pid")
-        self.ranks = list(range(self.node_rank * local, (self.node_rank + 1) * local))
-
-
-# --------------------------------------------------------------------------- the head (node rank 0)
-
-class MpExecutor:
-    """The head's executor: its own ranks in-process, the other nodes' over their connections."""
-
-    def __init__(self, args: argparse.Namespace, snapshot: Path, world: int, fault: str) -> None:
-        self.args, self.world, self.fault = args, world, fault
-        self.nnodes = args.nnodes
-        self.local = world // args.nnodes
-        self.ranks = LocalRanks(args, world, snapshot, fault, 0)
-        self.remotes: dict[int, _Remote] = {}
-        self.listener: socket.socket | None = None
-        self.closing = False
-        self.on_dead: Callable[[], None] | None = None
-
-    # ---- rendezvous
-    def listen(self) -> None:
-        port = self.args.master_port
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))  # TCPStore's server listens on every address
-            sock.listen(16)
-        except OSError as e:
-            sock.close()
-            code, name = -(e.errno or 0), {98: "EADDRINUSE", 13: "EACCES"}.get(e.errno or 0, "UNKNOWN")
-            raise vw.EngineFailed(DistNetworkError(
-                "The server socket has failed to listen on any local network address. port: "
-                f"{port}, useIpv6: false, code: {code}, name: {name}, message: {(e.strerror or '').lower()}")) from None
-        sock.setblocking(False)
-        self.listener = sock
-
-    def wait_for_nodes(self) -> None:
-        a = self.args
-        vw.log("INFO", f"{WHERE_MP}:129", f"DP group leader: node_rank=0, node_rank_within_dp=0, "
-                f"master_addr={a.master_addr}, mq_connect_ip={vw._host_ip()} (local), world_size={self.world}, "
-                f"local_world_size={self.local}")
-        self.listen()
-        assert self.listener is not None
-        limit = timeout_s()
-        start = time.monotonic()
-        next_note, interval = start, 10.0
-        pending: list[Channel] = []
-        need = self.nnodes - 1
-        while len(self.remotes) < need:
-            now = time.monotonic()
-            if now - start >= limit:
-                raise vw.EngineFailed(DistStoreError(
-                    f"Timed out after {limit + 1:.0f} seconds waiting for clients. "
-                    f"{len(self.remotes) + 1}/{self.nnodes} clients joined."))
-            if now >= next_note:  # MODELLED: vLLM waits in silence here
-                missing = need - len(self.remotes)
-                vw.log("INFO", f"{WHERE_MP}:151", f"Waiting for {missing} of {need} headless node(s) to join "
-                        f"the torch.distributed process group at {a.master_addr}:{a.master_port} "
-                        f"({now - start:.0f} s so far, timeout {limit:.0f} s).")
-                next_note, interval = now + interval, interval * 2
-            ready, _, _ = select.select([self.listener, *[c.sock for c in pending]], [], [], 0.2)
-            if self.listener in ready:
-                try:
-                    conn, _ = self.listener.accept()
-                    conn.setblocking(True)
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    pending.append(Channel(conn))
-                except BlockingIOError:
-                    pass
-            for ch in list(pending):
-                if ch.sock not in ready:
-                    continue
-                msgs = ch.poll(0)
-                if msgs is None:
-                    pending.remove(ch)
-                    continue
-                for msg in msgs:
-                    if msg.get("op") == "hello":
-                        pending.remove(ch)
-                        self._admit(ch, msg)
-                        break
-
-    def _admit(self, ch: Channel, hello: dict[str, Any]) -> None:
-        rank = hello.get("node_rank")
-        reason = None
-        if hello.get("nnodes") != self.nnodes or hello.get("world") != self.world:
-            reason = (f"nnodes/world size differ: the head runs nnodes={self.nnodes} world_size={self.world}, "
-                      f"node {rank} nnodes={hello.get('nnodes')} world_size={hello.get('world')}")
-        elif hello.get("model") != self.args.model:
-            reason = f"model differs: the head serves {self.args.model}, node {rank} {hello.get('model')}"
-        elif not isinstance(rank, int) or not 0 < rank < self.nnodes or rank in self.remotes:
-            reason = f"node rank {rank} is taken or out of range"
-        if reason:
-            vw.log("WARNING", f"{WHERE_MP}:160", f"Refused node {hello.get('host')}: {reason}.")  # MODELLED
-            ch.send({"op": "reject", "reason": reason})
-            ch.close()
-            return
-        ch.send({"op": "welcome"})
-        self.remotes[rank] = _Remote(ch, hello, self.local)
-
-    # ---- calls
-    def call(self, method: str, max_len: int) -> list[Any]:
-        init = method in INIT_METHODS
-        for r in self.remotes.values():
-            if not r.channel.send({"op": "call", "method": method}):
-                self._remote_died(r, init)
-        self.ranks.start(method, call_args(method, self.args, max_len))
-        answered: dict[int, Any] = {}
-        while True:
-            if self.ranks.errors:
-                _, err = min(self.ranks.errors.items())
-                if init:
-                    raise vw.EngineFailed(_init_failed())
-                raise vw.EngineFailed(_worker_failed(err))
-            if self.ranks.done() and len(answered) == len(self.remotes):
-                break
-            for node, r in self.remotes.items():
-                if node in answered:
-                    continue
-                msgs = r.channel.poll(0.05 / max(1, len(self.remotes)))
-                if msgs is None:
-                    self._remote_died(r, init)
-                for msg in msgs or []:
-                    if msg.get("op") == "result" and msg.get("method") == method:
-                        answered[node] = msg.get("results")
-                    elif msg.get("op") == "error":
-                        if init:  # the rank's WorkerProc died: its node's log has the traceback
-                            self._died_line(int(msg.get("rank", r.ranks[0])))
-                            raise vw.EngineFailed(_init_failed())
-                        raise vw.EngineFailed(_worker_failed(msg.get("error", "")))
-            if not self.remotes:
-                time.sleep(0.05)
-        out = [self.ranks.results.get(w.rank) for w in self.ranks.workers]
-        for node in sorted(answered):
-            out.extend(answered[node] or [])
-        return out
-
-    def _died_line(self, rank: int) -> None:
-        vw.log("ERROR", f"{WHERE_MP}:316", f"Worker proc VllmWorker-{rank} died unexpectedly (exit code: -9), "
-                "shutting down executor.")
-
-    def _remote_died(self, r: _Remote, init: bool) -> None:
-        self._died_line(r.ranks[0])
-        raise vw.EngineFailed(_init_failed() if init else RuntimeError("Executor failed."))
-
-    def run(self, max_len: int) -> None:
-        _reducing_parallelism()
-        self.wait_for_nodes()
-        self.call("init_device", max_len)
-        self.call("load_model", max_len)
-        vw.PREFIX.wait_for("Model loading took", 1, 2.0)
-        if self.fault == "silent-death":
-            os._exit(137)
-        self.call("compile_and_profile", max_len)
-        threading.Thread(target=self._monitor, daemon=True, name="MultiprocWorkerMonitor").start()
-
-    # ---- while serving
-    def _monitor(self) -> None:
-        vw.PREFIX.local.name = "EngineCore"
-        while not self.closing:
-            for r in list(self.remotes.values()):
-                msgs = r.channel.poll(0.2)
-                if msgs is None and not self.closing:
-                    self._died_line(r.ranks[0])
-                    vw.log("ERROR", "core.py:1013", "EngineCore encountered a fatal error.")
-                    vw.PREFIX.local.name = "APIServer"
-                    vw.log("ERROR", "async_llm.py:486", "AsyncLLM output_handler failed.")
-                    vw.fatal_traceback(EngineDeadError(
-                        "EngineCore encountered an issue. See stack trace (above) for the root cause."))
-                    if self.on_dead is not None:
-                        self.on_dead()
-                    return
-            if not self.remotes:
-                time.sleep(0.2)
-
-    def shutdown(self, ok: bool) -> None:
-        if self.closing:
-            return
-        self.closing = True
-        for r in self.remotes.values():
-            r.channel.send({"op": "shutdown", "ok": ok})
-            r.channel.close()
-        self.ranks.release()
-        if self.listener is not None:
-            self.listener.close()
-
+# --------------------------------------------------------------------------- what torch and vLLM raise
 
 class DistNetworkError(RuntimeError):
     pass
@@ -470,123 +283,3 @@ class EngineDeadError(Exception):
 for _cls, _mod in ((DistNetworkError, "torch.distributed"), (DistStoreError, "torch.distributed"),
                    (EngineDeadError, "vllm.v1.engine.exceptions")):
     _cls.__module__ = _mod  # tracebacks name them as torch and vLLM do
-
-
-def _init_failed() -> Exception:
-    return Exception("WorkerProc initialization failed due to an exception in a background process. "
-                     "See stack trace for root cause.")
-
-
-def _worker_failed(err: BaseException | str) -> RuntimeError:
-    return RuntimeError(f"Worker failed with error '{err}', please check the stack trace above for the root cause")
-
-
-# --------------------------------------------------------------------------- a headless node
-
-class _Stop(Exception):
-    def __init__(self, rc: int) -> None:
-        super().__init__(rc)
-        self.rc = rc
-
-
-def _connect(args: argparse.Namespace, limit: float) -> Channel:
-    """Reach the head, again and again until `limit` s: it may start after this node."""
-    addr, port = args.master_addr, args.master_port
-    start = time.monotonic()
-    next_note = start
-    while True:
-        try:
-            sock = socket.create_connection((addr, port), timeout=2.0)
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return Channel(sock)
-        except OSError as e:
-            now = time.monotonic()
-            if now - start >= limit:
-                raise DistNetworkError(f"The client socket has timed out after {int(limit * 1000)}ms while trying "
-                                       f"to connect to ({addr}, {port}).") from None
-            if now >= next_note:  # torch's c10d warning, once every 10 s here
-                stamp = time.strftime("%m%d %H:%M:%S")
-                err = e.errno or 111
-                sys.stderr.write(f"[W{stamp}.000000 {os.getpid()} torch/csrc/distributed/c10d/socket.cpp:767] "
-                                 f"[c10d] The client socket has failed to connect to [{addr}]:{port} (errno: {err} "
-                                 f"- {e.strerror or 'Connection refused'}).\n")
-                sys.stderr.flush()
-                next_note = now + 10.0
-            time.sleep(0.5)
-
-
-def run_headless(args: argparse.Namespace, snapshot: Path, world: int, max_len: int) -> int:
-    """A node of rank > 0: run this node's ranks as the head says; exit with the head."""
-    head = f"{args.master_addr}:{args.master_port}"
-    vw.log("INFO", WHERE_HEADLESS, f"Launching vLLM (v{vw.VERSION}) headless multiproc executor, with head node "
-            f"address {head} for torch.distributed process group.")
-    _reducing_parallelism()
-    fault = os.environ.get("SPARK_LAB_FAULT", "")
-    ranks = LocalRanks(args, world, snapshot, fault, args.node_rank)
-    channel: Channel | None = None
-    try:
-        try:
-            channel = _connect(args, timeout_s())
-        except DistNetworkError as e:
-            vw.fatal_traceback(e)
-            return 1
-        channel.send({"op": "hello", "node_rank": args.node_rank, "nnodes": args.nnodes, "world": world,
-                      "model": args.model, "host": socket.gethostname(), "pid": os.getpid()})
-        return _serve_head(args, channel, ranks, max_len, head)
-    except vw.Terminated:  # SIGTERM / SIGINT
-        ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")
-        vw.log("INFO", "serve.py:247", "Shutting down.")
-        return 0
-    finally:
-        ranks.release()
-        if channel is not None:
-            channel.close()
-
-
-def _serve_head(args: argparse.Namespace, channel: Channel, ranks: LocalRanks, max_len: int, head: str) -> int:
-    method: str | None = None
-    failed_at: float | None = None
-    while True:
-        msgs = channel.poll(0.1)
-        if msgs is None:  # MODELLED: the head stopped or died without a word
-            vw.log("ERROR", f"{WHERE_MP}:745", f"Lost the connection to the head node at {head}: the engine is "
-                    "gone. Shutting down this node's workers.")
-            return 1
-        for msg in msgs:
-            op = msg.get("op")
-            if op == "reject":
-                vw.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} refused this node: "
-                        f"{msg.get('reason')}.")
-                return 1
-            if op == "shutdown":
-                ok = bool(msg.get("ok"))
-                if ok:
-                    vw.log("INFO", f"{WHERE_MP}:745", f"The head node at {head} stopped the engine.")
-                else:
-                    vw.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} shut the engine down after "
-                            "a failure.")
-                ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")
-                return 0 if ok and failed_at is None else 1
-            if op == "call" and method is None and failed_at is None:
-                method = str(msg.get("method"))
-                ranks.start(method, call_args(method, args, max_len))
-        if method is not None and ranks.errors:
-            rank, err = min(ranks.errors.items())
-            channel.send({"op": "error", "method": method, "rank": rank, "error": str(err),
-                          "type": type(err).__name__})
-            method, failed_at = None, time.monotonic()
-        elif method is not None and ranks.done():
-            results = [ranks.results.get(w.rank) for w in ranks.workers]
-            channel.send({"op": "result", "method": method, "results": _jsonable(results)})
-            method = None
-        if failed_at is not None and time.monotonic() - failed_at > 10.0:
-            return 1  # the head did not answer: this node's rank is dead all the same
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)

@@ -1,124 +1,27 @@
-"""One rank of the vLLM test double (`vllm_emulator`): the log format and prefixes, the model
-lookup in the HF cache, tqdm's shard bar, and `Worker`, which reads its share of the safetensors
-shards from its own node's disk, holds that memory on its lab node (node_memory), and plays the
-GPU phases. `RayWorkerProc` is the Ray actor form; `vllm_mp.MpWorker` the mp executor's.
+"""One rank of the vLLM test double (`vllm_emulator`): `Worker`, which reads its share of the
+safetensors shards from its own node's disk (tqdm's shard bar on stderr), holds that memory on its
+lab node (node_memory), and plays the GPU phases. `RayWorkerProc` is the Ray actor form, with the
+environment the Ray executor hands it; `vllm_mp.MpWorker` the mp executor's. How it logs is
+vllm_log's, where it finds the model vllm_model_files'.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from spark_cluster_lab import node_memory, vllm_args
+from spark_cluster_lab import node_memory
+from spark_cluster_lab.vllm_log import Prefixer, host_ip, log
+from spark_cluster_lab.vllm_model_files import shard_files
 
-VERSION = vllm_args.VERSION
 CHUNK = 1 << 20
-
-
-# --------------------------------------------------------------------------- logging
-
-def _log_line(level: str, where: str, msg: str) -> str:
-    stamp = time.strftime("%m-%d %H:%M:%S")
-    return f"{level} {stamp} [{where}] {msg}"
-
-
-def log(level: str, where: str, msg: str, stream: Any = None) -> None:
-    s = stream or sys.stdout
-    s.write(_log_line(level, where, msg) + "\n")
-    s.flush()
-
-
-class _Prefixer:
-    """0.19's decorate_logs: prefix every line written to stdout/stderr with `(NAME pid=N) `."""
-
-    def __init__(self) -> None:
-        self.name = "APIServer"  # "" writes no prefix (a headless node's main process)
-        self.local = threading.local()  # a thread may name itself: mp ranks run as threads here
-        self.seen: dict[str, int] = {}
-        self.lock = threading.Lock()
-        self.watch = ("Model loading took", "Available KV cache memory", "This might cause deadlock")
-
-    def install(self, streams: tuple[Any, ...] | None = None) -> None:
-        for stream in streams or (sys.stdout, sys.stderr):
-            orig = stream.write
-            state = {"bol": True}
-
-            def write(text: str, _orig: Callable[[str], int] = orig, _state: dict = state) -> int:
-                with self.lock:
-                    for w in self.watch:
-                        if w in text:
-                            self.seen[w] = self.seen.get(w, 0) + text.count(w)
-                    name = getattr(self.local, "name", None) or self.name
-                    prefix = f"({name} pid={os.getpid()}) " if name else ""
-                    out = []
-                    for piece in text.splitlines(keepends=True):
-                        if _state["bol"]:
-                            out.append(prefix)
-                        out.append(piece)
-                        _state["bol"] = piece.endswith("\n")
-                    return _orig("".join(out))
-
-            stream.write = write  # type: ignore[method-assign]
-
-    def wait_for(self, what: str, count: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.seen.get(what, 0) < count:
-            time.sleep(0.05)
-
-
-PREFIX = _Prefixer()
-
-
-# --------------------------------------------------------------------------- model lookup
-
-def invalid_repo_message(model: str) -> str:
-    # vllm/transformers_utils/config.py (get_config), as wrapped for a model it cannot find.
-    return (f"Invalid repository ID or local directory specified: '{model}'.\n"
-            "Please verify the following requirements:\n"
-            "1. Provide a valid Hugging Face repository ID.\n"
-            "2. Specify a local directory that contains a recognized configuration file.\n"
-            "   - For Hugging Face models: ensure the presence of a 'config.json'.\n"
-            "   - For Mistral models: ensure the presence of a 'params.json'.\n"
-            "3. For GGUF: pass the local path of the GGUF checkpoint.\n"
-            "   Loading GGUF from a remote repo directly is not yet supported.\n")
-
-
-def hub_dir(download_dir: str | None) -> Path:
-    if download_dir:
-        return Path(download_dir)
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return Path(home) / "hub"
-
-
-def resolve_model(model: str, download_dir: str | None, revision: str | None = None) -> Path | None:
-    """The snapshot folder holding config.json, or None (vLLM's 'Invalid repository ID')."""
-    local = Path(model)
-    if local.is_dir():
-        return local if (local / "config.json").is_file() else None
-    root = hub_dir(download_dir) / f"models--{model.replace('/', '--')}"
-    ref = revision or "main"
-    ref_file = root / "refs" / ref
-    commit = ref_file.read_text().strip() if ref_file.is_file() else ref
-    snap = root / "snapshots" / commit
-    return snap if (snap / "config.json").is_file() else None
-
-
-def shard_files(snapshot: Path) -> list[str]:
-    index = snapshot / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return sorted(set(weight_map.values()))
-    return sorted(p.name for p in snapshot.glob("*.safetensors"))
 
 
 # --------------------------------------------------------------------------- tqdm (non-TTY) bar
@@ -202,7 +105,7 @@ class Worker:
 
     def init_device(self) -> str:
         self._device_lines()
-        return os.environ.get("VLLM_HOST_IP") or _host_ip()
+        return os.environ.get("VLLM_HOST_IP") or host_ip()
 
     def load_model(self, mbps: float, weights_gib: float | None) -> dict[str, Any]:
         try:
@@ -370,7 +273,7 @@ class RayWorkerProc(Worker):
         """0.33 `RayWorkerProc.initialize_worker`: the driver's variables fill in what this
         worker's own environment (its node's `ray start`) lacks; its own values win."""
         apply_driver_env(os.environ, driver_env_vars, "setdefault")
-        prefix = _Prefixer()
+        prefix = Prefixer()
         prefix.name = self.name
         prefix.install((sys.stdout,))  # the logger's lines; tqdm's bars on stderr carry no name in 0.33
 
@@ -427,23 +330,3 @@ def apply_driver_env(environ: Any, driver_env: Mapping[str, str], rule: str) -> 
 def compile_seconds() -> float:
     """SPARK_LAB_COMPILE_S: seconds of torch.compile per rank (CUDA graphs take half as long)."""
     return max(0.0, float(os.environ.get("SPARK_LAB_COMPILE_S", "1")))
-
-
-def _host_ip() -> str:
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-class Terminated(Exception):
-    """SIGTERM or SIGINT, raised where the engine (or a headless node) waits, so it shuts down in order."""
-
-
-class EngineFailed(Exception):
-    pass
-
-
-def fatal_traceback(exc: BaseException) -> None:
-    sys.stdout.write("".join(traceback.format_exception(exc)))
-    sys.stdout.flush()

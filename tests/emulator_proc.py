@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import healthy_state, render, save_state, write_wrappers
+from spark_cluster_lab.node_files import render
+from spark_cluster_lab.state import healthy_state, save_state
+from spark_cluster_lab.wrappers import write_wrappers
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

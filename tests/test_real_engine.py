@@ -15,7 +15,7 @@ import pytest
 
 from spark_cluster.core.errors import LabError
 from spark_cluster_lab import checkpoint, engine
-from spark_cluster_lab.lab import render_inventory
+from spark_cluster_lab.lab_inventory import render_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 

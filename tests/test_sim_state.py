@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from spark_cluster_lab.catalog import installed_kernels, module_driver, userspace_driver
+from spark_cluster_lab.consumers import MEM_TOTAL_KIB, add_consumer, gone_consumers, prune_gone_consumers
 from spark_cluster_lab.faults import FAULTS, apply_fault, heal, prune_faults
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import (
-    MEM_TOTAL_KIB, TOOLS, VLLM_IMAGE, add_consumer, gone_consumers, healthy_state, installed_kernels,
-    load_state, locked_state, module_driver, prune_gone_consumers, render, save_state, userspace_driver,
-    write_etc, write_wrappers,
-)
+from spark_cluster_lab.node_files import render, write_etc
+from spark_cluster_lab.state import VLLM_IMAGE, healthy_state, load_state, locked_state, save_state
+from spark_cluster_lab.wrappers import TOOLS, write_wrappers
 
 
 @pytest.fixture

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from spark_cluster_lab.consumers import add_consumer
 from spark_cluster_lab.faults import apply_fault
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import (
-    VLLM_IMAGE, add_consumer, healthy_state, load_state, locked_state, render, save_state, write_wrappers,
-)
+from spark_cluster_lab.node_files import render
+from spark_cluster_lab.state import VLLM_IMAGE, healthy_state, load_state, locked_state, save_state
+from spark_cluster_lab.wrappers import write_wrappers
 
 NOT_LOADED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
               "Make sure that the latest NVIDIA driver is installed and running.")

@@ -22,6 +22,7 @@ import pytest
 from emulator_proc import EmulatorProcess, scratch_node
 
 from spark_cluster_lab import checkpoint
+from spark_cluster_lab.consumers import GIB_KIB, MEM_TOTAL_KIB, add_consumer
 from spark_cluster_lab.layout import NodePaths
 from spark_cluster_lab.node_memory import (
     ENGINE_CORE,
@@ -30,19 +31,10 @@ from spark_cluster_lab.node_memory import (
     parse_bytes,
 )
 from spark_cluster_lab.standins.gpu import gpu_processes
-from spark_cluster_lab.state import (
-    GIB_KIB,
-    MEM_TOTAL_KIB,
-    add_consumer,
-    load_state,
-    locked_state,
-)
-from spark_cluster_lab.vllm_emulator import (
-    RayWorkerProc,
-    api_keys,
-    bar_line,
-    resolve_model,
-)
+from spark_cluster_lab.state import load_state, locked_state
+from spark_cluster_lab.vllm_emulator import api_keys
+from spark_cluster_lab.vllm_model_files import resolve_model
+from spark_cluster_lab.vllm_worker import RayWorkerProc, bar_line
 
 PY = sys.executable
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -274,7 +266,7 @@ def _until(what, timeout: float = 20.0, every: float = 0.05):
 
 def _dead_pid() -> tuple[int, int | None]:
     """A process recorded while alive and then SIGKILLed: (pid, its recorded start)."""
-    from spark_cluster_lab.state import process_start
+    from spark_cluster_lab.consumers import process_start
     proc = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"])
     start = process_start(proc.pid)
     proc.kill()

@@ -22,11 +22,9 @@ from emulator_proc import EmulatorProcess, scratch_node
 
 from spark_cluster.core.vllm_log import track
 from spark_cluster_lab import checkpoint, vllm_args, vllm_mp
+from spark_cluster_lab.consumers import MEM_TOTAL_KIB
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import (
-    MEM_TOTAL_KIB,
-    load_state,
-)
+from spark_cluster_lab.state import load_state
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[1]

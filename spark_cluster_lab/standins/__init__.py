@@ -1,6 +1,6 @@
 """Stand-ins for the NVIDIA, RDMA, packaging and container tools of a DGX Spark.
 
-Each tool is a tiny wrapper script (state.write_wrappers) that calls main(tool, node_root).
+Each tool is a tiny wrapper script (wrappers.write_wrappers) that calls main(tool, node_root).
 Only the module of the tool that runs is imported, and nothing outside the standard library
 and spark_cluster_lab, so that a call starts in a few tens of milliseconds.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 _ENTRY: dict[str, tuple[str, str]] = {
     "nvidia-smi": ("nvidia", "nvidia_smi"),
     "uname": ("kernel", "uname"),
-    "lsmod": ("kernel", "lsmod"),
-    "modinfo": ("kernel", "modinfo"),
-    "modprobe": ("kernel", "modprobe"),
-    "rmmod": ("kernel", "rmmod"),
+    "lsmod": ("modules", "lsmod"),
+    "modinfo": ("modules", "modinfo"),
+    "modprobe": ("modules", "modprobe"),
+    "rmmod": ("modules", "rmmod"),
     "reboot": ("kernel", "reboot"),
     "dpkg-query": ("packages", "dpkg_query"),
     "dpkg": ("packages", "dpkg"),

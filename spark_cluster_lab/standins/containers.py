@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from spark_cluster_lab.state import process_start as proc_start
+from spark_cluster_lab.consumers import process_start as proc_start
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ docker's --gpus: the CUDA version the driver offers, NVML's failures, the proces
 
 from __future__ import annotations
 
-from spark_cluster_lab.state import userspace_driver
+from spark_cluster_lab.catalog import userspace_driver
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
 if TYPE_CHECKING:

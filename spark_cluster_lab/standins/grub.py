@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from spark_cluster_lab.catalog import installed_kernels
 from spark_cluster_lab.standins.common import Ctx, err, is_root, out
-from spark_cluster_lab.state import installed_kernels
 
 DEFAULT_FILE = Path("/etc/default/grub")
 ENTRY = "Advanced options for Ubuntu>Ubuntu, with Linux {kver}"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
+from spark_cluster_lab.catalog import DRIVERS
 from spark_cluster_lab.standins.common import Ctx, err, is_root, out
-from spark_cluster_lab.state import DRIVERS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

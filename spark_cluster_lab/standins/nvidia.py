@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import time
 
+from spark_cluster_lab.catalog import userspace_driver
+from spark_cluster_lab.consumers import gone_consumers, prune_gone_consumers
 from spark_cluster_lab.standins.common import Ctx, out
 from spark_cluster_lab.standins.gpu import CUDA_VERSION, driver_error, gpu_processes
-from spark_cluster_lab.state import gone_consumers, prune_gone_consumers, userspace_driver
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
 if TYPE_CHECKING:

@@ -1,0 +1,111 @@
+"""Who holds a node's unified memory, and the /proc/meminfo it makes.
+
+A DGX Spark has one pool of memory for CPU and GPU. The node's state keeps a baseline
+(state["memory"]) and named consumers: a process (pid and start time, so a recycled pid is
+another process) holding some KiB, shown by nvidia-smi when it is a GPU process. The node's
+/proc/meminfo is rendered from both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
+if TYPE_CHECKING:  # kept out of the stand-ins' start-up: they import this module on every call
+    from typing import Any
+
+GIB_KIB = 1024 * 1024
+MEM_TOTAL_KIB = 127601228
+
+
+def process_start(pid: int | None) -> int | None:
+    """When a live, non-zombie process started (clock ticks since boot); None if there is none.
+    With the pid it names a process for good: a recycled pid has another start time."""
+    if not pid:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def add_consumer(state: dict[str, Any], name: str, kib: int, pid: int | None = None, **extra: Any) -> None:
+    """Memory in use by a named process: taken from MemFree/MemAvailable; `gpu=True` lists it in
+    nvidia-smi (type `C` unless `type` says otherwise, named by `process`). A reboot kills the
+    process (if it is still the one recorded) and forgets the consumer."""
+    state["memory"]["consumers"][name] = {"pid": pid, "start": process_start(pid), "kib": int(kib), **extra}
+
+
+def gone_consumers(state: dict[str, Any]) -> list[str]:
+    """Consumers whose recorded process has ended (or whose pid now names another process).
+
+    Pids are numbered as the recording process saw them: a node's own processes in its PID
+    namespace. Only code running inside that node may judge them; from the host the same
+    numbers name other processes (the lab's hog records its pid from inside the node).
+    Consumers recorded without a live process (no start time) are never judged gone."""
+    return [name for name, c in state["memory"]["consumers"].items()
+            if c.get("start") is not None and process_start(c.get("pid")) != c["start"]]
+
+
+def prune_gone_consumers(state: dict[str, Any]) -> list[str]:
+    """Forget the memory of ended processes, as the kernel and the driver free it (see gone_consumers
+    for where this may run). Returns the names forgotten."""
+    gone = gone_consumers(state)
+    for name in gone:
+        forget_consumer(state, name)
+    return gone
+
+
+LEAKED = "memory-leak-after-stop"
+
+
+def forget_consumer(state: dict[str, Any], name: str) -> None:
+    """A process's memory given back, or, under the memory-leak-after-stop fault, kept in use with
+    no process to show for it (the driver did not free it) until the node reboots."""
+    gone = state["memory"]["consumers"].pop(name, None)
+    if gone and state.get("memory_leak"):
+        state["memory"]["consumers"][f"leaked-{name}"] = {"pid": None, "start": None, "kib": gone.get("kib", 0),
+                                                          "fault": LEAKED}
+
+
+def meminfo_values(state: dict[str, Any]) -> dict[str, int]:
+    mem = state["memory"]
+    used = sum(int(c["kib"]) for c in mem["consumers"].values())
+    floor = 262144  # the kernel keeps reclaiming; free never reaches zero
+    return {
+        "total": mem["total_kib"], "used_by_consumers": used,
+        "free": max(mem["free_kib"] - used, floor), "available": max(mem["available_kib"] - used, floor),
+        "buffers": mem["buffers_kib"], "cached": mem["cached_kib"], "sreclaimable": mem["sreclaimable_kib"],
+        "shmem": mem["shmem_kib"], "swap_total": mem["swap_total_kib"], "swap_free": mem["swap_free_kib"],
+    }
+
+
+def render_meminfo(state: dict[str, Any]) -> str:
+    v = meminfo_values(state)
+    anon = 2310000 + v["used_by_consumers"]
+    rows: list[tuple[str, int | None]] = [
+        ("MemTotal", v["total"]), ("MemFree", v["free"]), ("MemAvailable", v["available"]),
+        ("Buffers", v["buffers"]), ("Cached", v["cached"]), ("SwapCached", 0),
+        ("Active", anon // 2 + 1180000), ("Inactive", anon // 2 + 1039996),
+        ("Active(anon)", anon // 2), ("Inactive(anon)", anon - anon // 2),
+        ("Active(file)", 1180000), ("Inactive(file)", 1039996),
+        ("Unevictable", 30720), ("Mlocked", 30720),
+        ("SwapTotal", v["swap_total"]), ("SwapFree", v["swap_free"]), ("Zswap", 0), ("Zswapped", 0),
+        ("Dirty", 412), ("Writeback", 0), ("AnonPages", anon), ("Mapped", 612344), ("Shmem", v["shmem"]),
+        ("KReclaimable", v["sreclaimable"]), ("Slab", v["sreclaimable"] + 402310),
+        ("SReclaimable", v["sreclaimable"]), ("SUnreclaim", 402310), ("KernelStack", 21632),
+        ("ShadowCallStack", 5440), ("PageTables", 38112), ("SecPageTables", 0), ("NFS_Unstable", 0),
+        ("Bounce", 0), ("WritebackTmp", 0), ("CommitLimit", v["total"] // 2 + v["swap_total"]),
+        ("Committed_AS", 6731812 + v["used_by_consumers"]), ("VmallocTotal", 133141626880),
+        ("VmallocUsed", 158904), ("VmallocChunk", 0), ("Percpu", 10880), ("HardwareCorrupted", 0),
+        ("AnonHugePages", 704512), ("ShmemHugePages", 0), ("ShmemPmdMapped", 0), ("FileHugePages", 0),
+        ("FilePmdMapped", 0), ("Unaccepted", 0), ("Balloon", 0),
+        ("HugePages_Total", None), ("HugePages_Free", None), ("HugePages_Rsvd", None),
+        ("HugePages_Surp", None), ("Hugepagesize", 2048), ("Hugetlb", 0),
+        ("CmaTotal", 0), ("CmaFree", 0),
+    ]
+    # The kernel pads the name to 16 columns and the number to 8, then " kB".
+    return "".join(f"{name + ':':<16}{0:>8}\n" if value is None else f"{name + ':':<16}{value:>8} kB\n"
+                   for name, value in rows)

