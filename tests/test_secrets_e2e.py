@@ -92,11 +92,11 @@ def test_image_missing_on_one_node_is_found_and_pulled_as_a_step(lab: Path, tmp_
     assert checked.returncode == 1, checked.stdout + checked.stderr
     found = [(f["node"], f["id"]) for f in json.loads(checked.stdout)["findings"] if f["severity"] == "blocker"]
     assert found == [("spark-b", "runtime.image-missing")]
-    # `up` pulls it on spark-b as its own step; the lab has no registry, so docker's reason ends it.
+    # `up` pulls it on spark-b as its own step; the lab reaches no registry, so docker's reason ends it.
     up = cli("up", str(inventory), env={"SPARK_LAB_API_KEY": KEY_HEAD + KEY_TAIL})
     assert up.returncode == 1
     assert f"[1] pull  {IMAGE} on spark-b (not there yet)" in up.stdout
-    assert f"error: spark-b: docker pull {IMAGE} failed: " in up.stderr and "server misbehaving" in up.stderr
+    assert f"error: spark-b: docker pull {IMAGE} failed: " in up.stderr and 'Get "https://nvcr.io/v2/"' in up.stderr
     assert "Traceback" not in up.stderr and "[2] ray" not in up.stdout
 
 
