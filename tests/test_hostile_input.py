@@ -15,8 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from spark_cluster.core.checks import judge_host
 from spark_cluster.core.diagnose import diagnose_log
-from spark_cluster.core.host_paste import diagnose_host_output
+from spark_cluster.core.facts import DERIVED, FACTS, parse_facts
+from spark_cluster.core.host_paste import diagnose_host_output, paste_probes, split_paste
 from spark_cluster.core.vllm_log import parse_line, track
 from spark_cluster.ui.jsonout import dumps
 
@@ -62,12 +64,77 @@ PASTE_PIECES = [
 ]
 
 
+# The two shapes that still stalled for minutes (issue 29): a long blank run in a line under a prompt
+# (here inside nvidia-smi's GPU row, whose name was read lazily up to `\s+(On|Off)`), and an apt
+# history whose `Upgrade:` line is one word of 100 KB (a package name tried at every letter).
+SMI_TABLE = (HOST_OUTPUTS / "gb10-nvidia-smi-healthy.txt").read_text().splitlines()
+STALL_SHAPES = {
+    "blank-run-in-smi-row": "\n".join(SMI_TABLE[:8] + ["|   0  NVIDIA GB10" + " " * 100_000 + "Off |   0000000F:01:00.0 "
+                                                     "Off |                  N/A |"] + SMI_TABLE[9:]),
+    "blank-line-under-prompt": "$ nvidia-smi\n" + " " * 100_000 + "\n$ uname -r\n6.17.0-1018-nvidia\n",
+    "apt-upgrade-one-word": "Start-Date: 2025-11-20  06:10:01\nCommandline: /usr/bin/unattended-upgrade\nUpgrade: "
+                            + "libnvidia" * 11_112 + "\nEnd-Date: 2025-11-20  06:11:40\n",
+    "apt-install-one-word": "$ cat /var/log/apt/history.log\nStart-Date: 2025-11-20  06:10:01\nInstall: "
+                            + "a" * 100_000 + "\n",
+    "digits-in-uname": "$ uname -r\n" + "6" * 100_000 + "\n$ nvidia-smi\nNVIDIA-SMI has failed because it "
+                       "couldn't communicate with the NVIDIA driver.\n",
+    "digits-in-dpkg-version": "$ dpkg -l | grep nvidia\nii  nvidia-smi  " + "5" * 100_000 + "  arm64  NVIDIA\n",
+    "dkms-row-one-word": "nvidia/580.95.05," + "nvidia/580.95.05," * 6000 + " 6.8.0-85-generic, x86_64: installed\n",
+}
+
+
+def judge_everything(text: str) -> dict:
+    """What `diagnose --host-output` answers, and then every fact and derived fact of the paste's
+    host read: the checks read facts lazily, so a slow reader hides until a check needs it."""
+    data = diagnose_host_output(text)
+    host = parse_facts("pasted", {"probes": paste_probes(split_paste(text))})
+    for fact in (*FACTS.values(), *DERIVED.values()):
+        host.fact(fact)
+    assert not any(f.id == "check.crashed" for f in judge_host(host))
+    return data
+
+
+@pytest.mark.parametrize("name", sorted(STALL_SHAPES))
+def test_the_shapes_that_stalled_take_linear_time(name: str) -> None:
+    started = time.monotonic()
+    judge_everything(STALL_SHAPES[name])
+    assert time.monotonic() - started < 10.0  # was minutes; linear, it takes milliseconds
+
+
+def _seconds(text: str) -> float:
+    best = float("inf")
+    for _ in range(3):  # the best of three: the machine is shared
+        started = time.monotonic()
+        judge_everything(text)
+        best = min(best, time.monotonic() - started)
+    return best
+
+
+@pytest.mark.parametrize("name", sorted(STALL_SHAPES))
+def test_time_per_megabyte_does_not_grow_with_size(name: str) -> None:
+    """The same shape at a quarter of its size and at four times it: linear time grows 16-fold
+    over that range, quadratic 256-fold. The bound allows 3 times linear, and a floor for noise."""
+    text = STALL_SHAPES[name]
+    small, large = _seconds(_scaled(text, 0.25)), _seconds(_scaled(text, 4))
+    assert large <= 48 * max(small, 0.02), (small, large)
+
+
+def _scaled(text: str, factor: float) -> str:
+    """`text` with each run of one repeated character or word (the hostile part) scaled by `factor`."""
+    import re
+
+    def scale(match: re.Match[str]) -> str:
+        unit, whole = match.group(1), match.group(0)
+        return unit * max(1, int(len(whole) // len(unit) * factor))
+    return re.sub(r"(.{1,17}?)\1{999,}", scale, text)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(PASTE_LINES) | st.sampled_from(PASTE_PIECES) | st.text(max_size=40), max_size=40),
        st.sampled_from(["\n", "\r\n", "\r"]))
 def test_any_mix_of_paste_lines_is_diagnosed_quickly_and_never_raises(lines: list[str], newline: str) -> None:
     started = time.monotonic()
-    data = diagnose_host_output(newline.join(lines))
+    data = judge_everything(newline.join(lines))
     assert time.monotonic() - started < 2.0
     assert not any(f["id"] == "check.crashed" for f in data["findings"])
     json.loads(dumps(data))
@@ -76,7 +143,7 @@ def test_any_mix_of_paste_lines_is_diagnosed_quickly_and_never_raises(lines: lis
 @pytest.mark.parametrize("piece", PASTE_PIECES)
 def test_each_hostile_paste_piece_alone_at_length_is_linear(piece: str) -> None:
     started = time.monotonic()
-    diagnose_host_output("\n".join([piece] * 20))
+    judge_everything("\n".join([piece] * 20))
     assert time.monotonic() - started < 2.0
 
 

@@ -64,7 +64,7 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("modprobe", re.compile(r"^(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} \S{1,100} [\w.-]{1,100}\[[0-9]{1,10}\]: )?"
                             r"((modprobe|insmod): (FATAL|ERROR): |Failed to insert module ')")),
     ("modinfo", re.compile(rf"^(({_MODINFO_KEYS}):\s|modinfo: ERROR: |Module \S+ not found\.?$)")),
-    ("dkms", re.compile(r"^[\w.+-]+(/|, )[0-9][\w.+~-]*(, \S+, \S+)?: (installed|built|added)")),
+    ("dkms", re.compile(r"^[\w.+-]+(/|, )[0-9][\w.+~-]*(, [^\s,:]+, [^\s,:]+)?: (installed|built|added)")),
     ("lsmod", re.compile(r"^(Module\s+Size\s+Used by|[a-z0-9_]+\s+[0-9]+\s+[0-9-]+(\s+[\w,\[\]-]+)?\s*$)")),
     ("uname", re.compile(r"^(Linux \S+ [0-9]+\.[0-9]+\.\S+ #|[0-9]+\.[0-9]+\.[0-9]+-[0-9]+-[a-z0-9]+$)")),
     ("ibstat", re.compile(r"^(CA '|\s+(CA type|Number of ports|Firmware version|Hardware version|Node GUID|"

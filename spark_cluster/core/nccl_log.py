@@ -50,7 +50,7 @@ class NcclTransport:
     @property
     def ib_devices_used(self) -> list[str]:
         """The HCAs the channels use (NET/IB/<index> names an entry of the `Using` list)."""
-        used = {int(v.split("/")[2]) for v in self.via if v.startswith("NET/IB/") and v.split("/")[2].isdigit()}
+        used = {int(v.split("/")[2]) for v in self.via if v.startswith("NET/IB/") and v.split("/")[2].isdigit() and len(v.split("/")[2]) <= 9}
         return [self.hcas[i] for i in sorted(used) if i < len(self.hcas)] if used else list(self.hcas)
 
     def as_dict(self) -> dict[str, object]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_ROW = re.compile(r"^([A-Za-z0-9_.+-]+)(?:/|,\s*)([0-9][A-Za-z0-9_.+~-]*)(?:,\s*(\S+?),\s*(\S+?))?:\s*([a-z-]+)")
+# Kernel and arch hold no comma or colon: two lazy `\S+?` around a comma were quadratic in a long word.
+_ROW = re.compile(r"^([A-Za-z0-9_.+-]+)(?:/|,\s*)([0-9][A-Za-z0-9_.+~-]*)(?:,\s*([^\s,:]+),\s*([^\s,:]+))?:\s*([a-z-]+)")
 
 
 @dataclass(frozen=True)
