@@ -25,10 +25,17 @@ def phases(text: str) -> list[str]:
 def test_the_real_head_log_runs_its_phases_in_order_without_a_compile() -> None:
     text = HEAD.read_text()
     assert phases(text) == ["engine-args", "workers", "weights", "kv-cache", "api-server", "ready"]
-    data = diagnose_log(text)
+    # Ready, then stopped by `spark-cluster down` (SIGTERM): the log ends in 0.32's [shutdown] lines.
+    head = text.split("[shutdown] API server: shutdown triggered")[0]
+    data = diagnose_log(head)
     assert (data["outcome"], data["cause"], data["shards_loaded"], data["shards_total"]) == ("ready", None, 14, 14)
     # this build logs no "Model loading took … GiB": unknown, not a guess
     assert data["weights_gib"] == [] and data["load_seconds"] == 0.02
+    data = diagnose_log(text)
+    assert (data["outcome"], data["cause"], data["phase"]) == ("stopped", "sigterm", "ready")
+    assert data["evidence"].endswith("[shutdown] API server: shutdown triggered")
+    # what the stop tears down (0.32's "AsyncLLM output_handler failed", force-killed workers) is no failure
+    assert data["detail"] == {} and "not a vLLM failure" in data["next_step"]
 
 
 def test_the_enforce_eager_warning_is_no_compile_phase() -> None:
@@ -41,7 +48,9 @@ def test_the_enforce_eager_warning_is_no_compile_phase() -> None:
 
 def test_the_headless_worker_loads_and_never_serves() -> None:
     text = WORKER.read_text()
-    data = diagnose_log(text)
+    data = diagnose_log(text.split("[shutdown] Executor")[0])
     assert (data["outcome"], data["phase"], data["cause"]) == ("loading", "weights", None)
+    data = diagnose_log(text)  # and `down` stopped it: its executor's [shutdown] lines
+    assert (data["outcome"], data["phase"], data["cause"]) == ("stopped", "weights", "sigterm")
     assert data["shards_total"] is None and data["weights_gib"] == []
     assert phases(text)[0] == "engine-args" and "compile" not in phases(text)

@@ -29,12 +29,12 @@ PASTE_LIMIT = 8 << 20
 def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled_after: float | None) -> int:
     """Read a vLLM log (--log), or a host's pasted command outputs (--host-output).
 
-    --log: ready, failed or still loading; phase, shards, load time, cause; exit 0 for ready or
-    loading, 1 for failed. A saved log is judged on its lines: its file's age says nothing about
-    the server. --host-output: the findings `check` would give on what the paste shows, and what
+    --log: ready, loading, failed, stopped (ended from outside) or hung; phase, shards, load time,
+    cause and the next step; exit 0 for ready or loading, 1 for the others. A saved log is judged
+    on its lines: its file's age says nothing about the server. --host-output: the findings `check` would give on what the paste shows, and what
     it does not show; exit 0 healthy, 1 a fault. Exit 2 when the file cannot be read.
     """
-    from spark_cluster.core.diagnose import NEXT_STEP, diagnose_log
+    from spark_cluster.core.diagnose import NOT_OK, diagnose_log
     from spark_cluster.core.errors import UsageError
 
     if (log_file is None) == (host_file is None):
@@ -60,10 +60,13 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
             ui.CONSOLES.out.print(f"{label:>9}: {value}", markup=False)
         if data["inferred"]:
             ui.CONSOLES.out.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
-                             f"so the server is taken for dead (inferred)", markup=False)
-        if data["cause"]:
-            ui.CONSOLES.out.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
-    return 1 if data["outcome"] == "failed" else 0
+                                  f"so the server is taken for dead (inferred)", markup=False)
+        if data["shm_waits"]:
+            ui.CONSOLES.out.print(f"     note: the engine waited on its workers {data['shm_waits']} minute(s) in a "
+                                  f"row at the end (last at {data['shm_last'] or '?'})", markup=False)
+        if data["next_step"]:
+            ui.CONSOLES.out.print(f"next step: {data['next_step']}", markup=False)
+    return 1 if data["outcome"] in NOT_OK else 0
 
 
 def _diagnose_host(path: Path, as_json: bool) -> int:
