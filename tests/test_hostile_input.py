@@ -170,6 +170,39 @@ def test_long_hostile_lines_take_linear_time(line: str) -> None:
     assert time.monotonic() - started < 1.0
 
 
+# Long lines of the shapes that made patterns backtrack (a blank run before a word, one long word,
+# a digit run, many prefixes), each cut to the reader's MAX_LINE.
+LOG_SHAPES = [
+    "(EngineCore pid=1) " + " " * 9000 + "Loading safetensors checkpoint shards: 1% Completed | 1/99",
+    "[rank0]:[E321 02:07:08.4 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=" + "9" * 9000, "ValueError: " + "max_model_len" * 700, "Value error, " + "a " * 4500,
+    "(a pid=1) " * 900, "  | > [1] " * 900 + "Killed", "No available shared memory broadcast block found in 60 second" * 150,
+    "slurmstepd: error: *** JOB " + "1" * 9000, "[" + "A" * 9000 + "] x",
+]
+
+
+def _log_seconds(megabytes: float) -> float:
+    lines = []
+    size = 0
+    while size < megabytes * (1 << 20):
+        line = LOG_SHAPES[len(lines) % len(LOG_SHAPES)]
+        lines.append(line)
+        size += len(line) + 1
+    text = "\n".join(lines)
+    best = float("inf")
+    for _ in range(2):
+        started = time.monotonic()
+        track(text)
+        best = min(best, time.monotonic() - started)
+    return best
+
+
+def test_the_log_reader_s_time_per_megabyte_does_not_grow_with_size() -> None:
+    """16 times the text: linear time grows 16-fold; allowed 3 times that, with a floor for noise."""
+    small, large = _log_seconds(0.0625), _log_seconds(1)
+    assert large <= 48 * max(small, 0.02), (small, large)
+
+
 def test_escape_sequences_never_reach_the_evidence() -> None:
     text = (HEADER + "non-default args: {}\n"
             "ERROR 11-25 06:13:02 [core.py:1] \x1b]8;;http://evil\x1b\\click\x1b]8;;\x1b\\ \x1bP+q\x1b\\"
