@@ -184,6 +184,14 @@ def test_a_refusal_that_names_no_flag_stays_other_and_a_warning_is_none() -> Non
     assert "model.args' max-num-batched-tokens" in data["next_step"]
 
 
+def test_a_refusal_after_the_server_serves_is_a_request_s_not_the_config() -> None:
+    served = "(APIServer pid=1) INFO:     Application startup complete.\n"
+    request = ("(APIServer pid=1) ValueError: The decoder prompt (length 9000) is longer than the maximum model "
+               "length of 8192. Make sure that `max_model_len` is no smaller than the number of text tokens.\n")
+    assert diagnose_log(request)["cause"] == "config"
+    assert diagnose_log(served + request)["cause"] == "other"
+
+
 # --- the shm-broadcast wait ---
 
 SHM = ("(EngineCore pid=2025) INFO 08-13 11:{:02d}:02 [shm_broadcast.py:802] No available shared memory broadcast "

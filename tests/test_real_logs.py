@@ -48,9 +48,9 @@ def test_the_enforce_eager_warning_is_no_compile_phase() -> None:
 
 def test_the_headless_worker_loads_and_never_serves() -> None:
     text = WORKER.read_text()
-    data = diagnose_log(text.split("[shutdown] Executor")[0])
+    data = diagnose_log(text)
+    # `down` ended it through its head: its executor's [shutdown] lines say only that the head went,
+    # as they would if the head had died, so they stop nothing here
     assert (data["outcome"], data["phase"], data["cause"]) == ("loading", "weights", None)
-    data = diagnose_log(text)  # and `down` stopped it: its executor's [shutdown] lines
-    assert (data["outcome"], data["phase"], data["cause"]) == ("stopped", "weights", "sigterm")
     assert data["shards_total"] is None and data["weights_gib"] == []
     assert phases(text)[0] == "engine-args" and "compile" not in phases(text)

@@ -456,4 +456,6 @@ def test_periodic_stats_line_as_vllm_logs_it_when_busy_only() -> None:
                         r"\d+\.\d tokens/s, Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: "
                         r"\d+\.\d%, Prefix cache hit rate: \d+\.\d%", line), line
     assert float(line.split("Avg generation throughput: ")[1].split()[0]) > 0
-    assert parse_line(f"INFO 11-22 03:30:00 [loggers.py:257] {line}") is None  # not a phase, not a failure
+    event = parse_line(f"INFO 11-22 03:30:00 [loggers.py:257] {line}")
+    # not a phase, not a failure: that the engine generates (no hang while it does)
+    assert event is not None and (event.kind, event.phase, event.cause) == ("generating", None, None)

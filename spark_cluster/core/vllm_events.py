@@ -90,7 +90,7 @@ _NEGATIVE_KV = re.compile(r"Available KV cache memory: -\d")
 RAISED = re.compile(r"^(?:\w{1,64}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception): ")
 # A setting refused while the engine is built: the exception's line, or pydantic's indented
 # `Value error, ...` under `ValidationError: 1 validation error for SchedulerConfig`.
-_CONFIG_RAISED = re.compile(r"^(?:(?:\w{1,64}\.){0,8}(?:ValueError|AssertionError|ValidationError|TypeError)"
+_CONFIG_RAISED = re.compile(r"^(?:(?:\w{1,64}\.){0,8}(?:ValueError|AssertionError|ValidationError)"
                             r"(?::|$)|Value error, |Assertion failed, )")
 _CONFIG_CLASS = re.compile(r"validation errors? for (\w{1,80}Config)\b")
 # The engine arguments vLLM names when it refuses one, as flags; and the words some messages use.
@@ -115,7 +115,7 @@ _WORDED = ((re.compile(r"\btensor[ _-]parallel(?:ism| size)?\b", re.I), ("--tens
 # PyTorch's watchdog line: the collective, its place in the sequence, the timeout and the wait.
 _WORK = re.compile(r"WorkNCCL\(SeqNum=(\d{1,18}), OpType=(\w{1,40})[^)]{0,200}?Timeout\(ms\)=(\d{1,12})\)"
                    r"(?: ran for (\d{1,12}) milliseconds)?")
-_RANK = re.compile(r"\[(?:PG [^\]]{0,60}?)?Rank (\d{1,6})\]|^\[rank(\d{1,6})\]:")
+_RANK = re.compile(r"\[(?:PG [^\]]{0,60}?)?Rank (\d{1,6})\]")
 _PREFIX_RANK = re.compile(r"\[rank(\d{1,6})\]:")
 _STUCK = re.compile(r"watchdog got stuck for (\d{1,9}) seconds")
 
@@ -129,7 +129,8 @@ _STOPS: tuple[tuple[str, re.Pattern[str], int], ...] = tuple((cause, re.compile(
     # SIGTERM (docker stop, kill, Kubernetes, `spark-cluster down`) or Ctrl-C, as each vLLM says it:
     # 0.7-0.1x api_server's handler, 0.2x's [shutdown] lines, uvicorn, the engine leaving, the shell.
     ("sigterm", r"^KeyboardInterrupt(?:: terminated)?$|received signal=SIG(?:TERM|INT)|Received SIG(?:TERM|INT)"
-                r"|\[shutdown\] (?:API server: shutdown triggered|Process manager: send sigterm|Executor: )"
+                # not the executor's [shutdown] lines: a headless node's follow its head going away
+                r"|\[shutdown\] API server: shutdown triggered"
                 r"|^Shutting down$|^Application shutdown complete|^Finished server process"
                 r"|^EngineCore exiting\.?$|^Terminated$|: line \d{1,9}: {1,8}\d{1,10} Terminated", 1),
 ))
@@ -206,7 +207,7 @@ def nccl_detail(message: str) -> dict[str, object]:
             detail["waited_s"] = int(work[4]) / 1000
     rank = _RANK.search(message)
     if rank and detail:
-        detail["rank"] = int(rank[1] or rank[2])
+        detail["rank"] = int(rank[1])
     stuck = _STUCK.search(message)
     if stuck:
         detail["waited_s"] = float(stuck[1])

@@ -12,7 +12,7 @@ outside: a SIGTERM, a scheduler's cancel; what fails after it is its consequence
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spark_cluster.core.vllm_events import (
     CAUSES, HANG_CAUSES, NEW_RUN, PHASES, RAISED, STOP_CAUSES, Event, flags_named, parse_line,
@@ -145,6 +145,10 @@ class Tracker:
 
     def _failure(self, event: Event) -> None:
         state = self.state
+        if event.cause == "config" and state.phase == "ready":
+            # a setting is refused while the engine is built; once it serves, a ValueError naming
+            # one is a request's (a prompt longer than max_model_len)
+            event = replace(event, cause="other", detail={})
         rank = _RANK.get(event.cause or "", 4)
         raised = bool(RAISED.match(event.message))
         if raised and self._first_raised is None:

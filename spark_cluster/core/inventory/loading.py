@@ -143,7 +143,8 @@ def _parse_cluster(c: Checker, value: object, path: YamlPath, base: Path) -> Clu
 def _flag(c: Checker, value: object, path: YamlPath) -> bool | None:
     if isinstance(value, bool):
         return value
-    c.report(path, f"{path[-1]} must be true or false, got {describe(value)}", "write true or false")
+    got = repr(value) if isinstance(value, str) and len(value) <= 60 else describe(value)  # describe: a huge int too
+    c.report(path, f"{path[-1]} must be true or false, got {got}", "write true or false")
     return None
 
 
