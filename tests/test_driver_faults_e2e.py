@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab
+from lab_cli import LAB_MARKS, cli
 
 from spark_cluster_lab import lab as simlab
 from spark_cluster_lab.breakage import break_node, heal_node
@@ -25,8 +25,8 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def inventory(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from lab_cli import LAB_MARKS, REPO, cli
-from test_real_vllm_e2e import HEAD, MODEL, check_passes, real  # noqa: F401 - the module's lab fixture
+from test_real_vllm_e2e import HEAD, MODEL, check_passes
 
 from spark_cluster_lab import engine
 from spark_cluster_lab.checkpoint import REPO as LAB_REPO
@@ -24,12 +24,17 @@ pytestmark = [*LAB_MARKS, pytest.mark.real_vllm,
               pytest.mark.skipif(engine.real_missing() is not None,
                                  reason=f"the real vLLM engine cannot run: {engine.real_missing()}")]
 
+@pytest.fixture(scope="module")
+def real(real_inventory: Path) -> Path:
+    return real_inventory
+
+
 SNAPSHOT = f"/home/nvidia/.cache/huggingface/hub/models--{LAB_REPO.replace('/', '--')}/snapshots/{REVISION}"
 def on_head(inventory: Path, command: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return cli("exec", str(inventory), "--node", "spark-a", "--", command, timeout=timeout)
 
 
-def test_fit_on_the_real_engine_inventory_matches_what_the_engine_holds(real: Path) -> None:  # noqa: F811
+def test_fit_on_the_real_engine_inventory_matches_what_the_engine_holds(real: Path) -> None:
     shown = cli("fit", str(real), "--json")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     result = json.loads(shown.stdout)
@@ -43,7 +48,7 @@ def test_fit_on_the_real_engine_inventory_matches_what_the_engine_holds(real: Pa
     assert all(abs(predicted / h - 1) < 0.05 for h in held), (predicted, held)
 
 
-def test_up_reports_ready_within_5_s_of_the_real_engines_startup_line(real: Path) -> None:  # noqa: F811
+def test_up_reports_ready_within_5_s_of_the_real_engines_startup_line(real: Path) -> None:
     """`up` says ready within 5 s of vLLM's own `Application startup complete.` (read from the
     head's log), its readiness still being /health, /v1/models and one chat answered. A client
     asking from that line on is timed too, so that a failure says whether the engine or `up` was
@@ -56,7 +61,7 @@ def test_up_reports_ready_within_5_s_of_the_real_engines_startup_line(real: Path
                                    f"the engine's first answer {timing.answer_s:.2f} s")
 
 
-def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Path) -> None:  # noqa: F811
+def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Path) -> None:
     """Both measured warm: the engine's first batch of two pays a one-time cost (85 against 150
     tok/s measured), which neither client should be charged with."""
     warm = cli("bench", str(real), "-c", "2", "--max-tokens", "16", "--json", timeout=300)

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, cli, on_node
 
 pytestmark = LAB_MARKS
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def linktest(inventory: Path, *more: str) -> tuple[int, dict]:

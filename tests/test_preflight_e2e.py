@@ -53,12 +53,10 @@ def blockers(report: dict) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
-    simlab.down()
-    lab_, _ = simlab.up(2, inventory_out=inventory, reboot_s=REBOOT_S)
-    yield lab_, inventory
-    assert simlab.down() == []
+def lab(sim_inventory: Path):
+    lab_ = simlab.load_lab()
+    assert lab_ is not None
+    return lab_, sim_inventory
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, cli, on_node
 
-from spark_cluster_lab import lab as simlab
 
 pytestmark = LAB_MARKS
 
@@ -37,8 +36,8 @@ def poll(predicate, deadline_s: float, interval_s: float = 1.0):  # noqa: ANN001
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def test_up_until_ray_brings_both_nodes_up_on_the_link(lab) -> None:
@@ -192,17 +191,14 @@ def test_unreachable_node_on_down_is_reported_and_the_rest_cleaned(lab, tmp_path
     assert cli("down", str(lab)).returncode == 0
 
 
-def test_four_nodes_through_the_switch(tmp_path: Path) -> None:
-    # Runs last: replaces the module's two-node lab with a four-node one.
-    simlab.down()
-    inventory = tmp_path / "four.yaml"
-    simlab.up(4, inventory_out=inventory)
-    try:
-        done = cli("up", str(inventory), "--until", "ray")
-        assert done.returncode == 0, done.stdout + done.stderr
-        code, report = status(inventory)
-        assert code == 0
-        assert alive(report) == {f"192.168.100.{10 + i}": 1.0 for i in range(4)}
-        assert cli("down", str(inventory)).returncode == 0
-    finally:
-        assert simlab.down() == []
+@pytest.mark.lab_nodes(4)
+def test_four_nodes_through_the_switch(lab_of) -> None:
+    # Replaces the session's lab with a four-node one (such tests run last).
+    _, left, inventory = lab_of(4)
+    assert left == []
+    done = cli("up", str(inventory), "--until", "ray")
+    assert done.returncode == 0, done.stdout + done.stderr
+    code, report = status(inventory)
+    assert code == 0
+    assert alive(report) == {f"192.168.100.{10 + i}": 1.0 for i in range(4)}
+    assert cli("down", str(inventory)).returncode == 0

@@ -3,7 +3,7 @@ multi-node mode across both simulated Sparks, requests, `status`, `bench`, `logs
 killed while serving, a port taken, a model missing, `down`; and the fidelity gate: the same
 `up` through the emulator gives the tracker the same phases and events as the real engine.
 
-One lab for the module; the real engine is started as few times as the checks allow."""
+The session's lab (tests/labs.py); the real engine is started as few times as the checks allow."""
 
 from __future__ import annotations
 
@@ -27,17 +27,8 @@ SERVE = "[v]llm.entrypoints.cli.main serve"
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory):
-    from spark_cluster_lab import lab as simlab
-
-    inventory = tmp_path_factory.mktemp("lab") / "sim-real.yaml"
-    simlab.down()
-    began = time.monotonic()
-    simlab.up(2, inventory_out=inventory, engine="real")
-    print(f"lab up: {time.monotonic() - began:.1f} s")
-    yield inventory
-    cli("down", str(inventory))
-    assert simlab.down() == []
+def real(real_inventory: Path) -> Path:
+    return real_inventory
 
 
 def emulated(real: Path) -> Path:

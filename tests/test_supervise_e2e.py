@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, fresh_lab
+from lab_cli import LAB_MARKS, REPO, cli
 
 pytestmark = [*LAB_MARKS, pytest.mark.skipif(shutil.which("promtool") is None, reason="needs Debian's prometheus")]
 PORT = 9464
@@ -23,8 +23,8 @@ API = "http://10.117.0.11:8000/v1"
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 class Supervise:

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, fresh_lab
+from lab_cli import LAB_MARKS, REPO, cli
 
 pytestmark = LAB_MARKS
 
@@ -30,8 +30,8 @@ def with_fault(inventory: Path, tmp_path: Path, fault: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def test_up_serves_the_model_within_90_seconds(lab) -> None:
