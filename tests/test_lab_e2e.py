@@ -21,7 +21,6 @@ from spark_cluster.core.inventory import load_inventory
 from spark_cluster.ops.nodes import fleet_for
 from spark_cluster.transport.remote import SSHNode
 from spark_cluster_lab import lab as simlab
-from spark_cluster_lab import netns
 from spark_cluster_lab.breakage import break_node, heal_node
 
 pytestmark = LAB_MARKS
