@@ -81,8 +81,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
     written = config.stash[RECORDER].write(labs.COUNTS)
     if written is not None:
-        terminalreporter.write_line(f"every test's durations: {written}; per module: "
-                                    f"{written.with_suffix('.modules.tsv')}")
+        modules = written.with_suffix(".modules.tsv")
+        terminalreporter.section(f"time per module (set-up, call, tear-down; {modules})")
+        lines = modules.read_text().splitlines()
+        for line in lines[:16] + [line for line in lines[16:] if line.startswith("#") or line.endswith("\tall")]:
+            terminalreporter.write_line(line.replace("\t", "  "))
+        terminalreporter.write_line(f"every test's: {written}")
     figures = durations.reports_dir(Path(config.rootpath)) / "figures.tsv"
     if figures.exists():
         terminalreporter.section("figures of the perf tests (value, unit, target; figures.tsv)")
