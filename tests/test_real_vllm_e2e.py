@@ -99,7 +99,17 @@ def test_emulator_and_real_vllm_give_the_tracker_the_same_start(real: Path) -> N
     assert sequence(emu_events) == got
 
 
-def test_chat_completions_come_from_real_vllm(real: Path) -> None:
+@pytest.fixture
+def serving(real: Path) -> Path:
+    """The real engine serving (the first test's start when the tests run in order; a start of
+    its own for a test run alone)."""
+    if not json.loads(cli("status", str(real), "--json").stdout).get("healthy"):
+        up_events(real)
+    return real
+
+
+def test_chat_completions_come_from_real_vllm(serving: Path) -> None:
+    real = serving
     answer = json.loads(chat())
     assert answer["system_fingerprint"].startswith(f"vllm-{engine.REAL_VERSION}")
     assert answer["usage"]["completion_tokens"] <= 6 and answer["choices"][0]["message"]["role"] == "assistant"
@@ -112,10 +122,11 @@ def test_chat_completions_come_from_real_vllm(real: Path) -> None:
     assert "raylet" not in on(real, "spark-a", "ps -eo args") + on(real, "spark-b", "ps -eo args")
 
 
-def test_every_metric_status_supervise_and_the_dashboard_read_is_the_real_engines(real: Path) -> None:
+def test_every_metric_status_supervise_and_the_dashboard_read_is_the_real_engines(serving: Path) -> None:
     """The names read from vLLM's /metrics by status (ops/health) and supervise (ops/supervise),
     and the dashboard's queries of what supervise re-serves (vllm:x as vllm_x), are samples the
     real engine serves: the emulator's /metrics uses the same names, and could drift alone."""
+    real = serving
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"{HEAD}/metrics", timeout=30) as response:
@@ -133,7 +144,8 @@ def test_every_metric_status_supervise_and_the_dashboard_read_is_the_real_engine
     assert queried <= served, sorted(queried - served)
 
 
-def test_status_bench_and_logs_read_the_real_server(real: Path) -> None:
+def test_status_bench_and_logs_read_the_real_server(serving: Path) -> None:
+    real = serving
     status = cli("status", str(real), "--json")
     report = json.loads(status.stdout)
     assert status.returncode == 0 and report["healthy"] is True, status.stdout
@@ -159,7 +171,8 @@ def status_until(real: Path, ok, deadline_s: float = 90.0) -> dict:  # noqa: ANN
         time.sleep(2)
 
 
-def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(real: Path) -> None:
+def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(serving: Path) -> None:
+    real = serving
     # The rank process of the headless node (vLLM titles it VLLM::Worker_TP1), as the OOM killer would
     on(real, "spark-b", "pkill -9 -f 'VLLM::Worker_TP1'")
     try:
@@ -180,7 +193,8 @@ def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(real: P
     assert "--headless" in on(real, "spark-b", f"pgrep -af '{SERVE}'")
 
 
-def test_down_leaves_no_process_port_or_shared_memory(real: Path) -> None:
+def test_down_leaves_no_process_port_or_shared_memory(serving: Path) -> None:
+    real = serving
     done = cli("down", str(real))
     assert done.returncode == 0, done.stdout + done.stderr
     for node in ("spark-a", "spark-b"):

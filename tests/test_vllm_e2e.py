@@ -97,7 +97,18 @@ def test_up_serves_the_model(lab, figure) -> None:
     assert sum(n["alive"] for n in report["ray"]["nodes"]) == 2
 
 
-def test_second_up_reuses_the_server_and_check_stays_clean(lab) -> None:
+@pytest.fixture
+def serving(lab: Path) -> Path:
+    """The emulator serving (the first test's start when the tests run in order; a start of its
+    own for a test run alone)."""
+    if not json.loads(cli("status", str(lab), "--json").stdout).get("healthy"):
+        done = cli("up", str(lab))
+        assert done.returncode == 0, done.stdout + done.stderr
+    return lab
+
+
+def test_second_up_reuses_the_server_and_check_stays_clean(serving: Path) -> None:
+    lab = serving
     done = cli("up", str(lab))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "vLLM already serves spark-lab/tiny-moe" in done.stdout
@@ -107,7 +118,8 @@ def test_second_up_reuses_the_server_and_check_stays_clean(lab) -> None:
     assert "Application startup complete." in logs.stdout
 
 
-def test_a_changed_launch_is_said_and_restart_replaces_it(lab, tmp_path: Path) -> None:
+def test_a_changed_launch_is_said_and_restart_replaces_it(serving: Path, tmp_path: Path) -> None:
+    lab = serving
     changed = tmp_path / "changed.yaml"
     changed.write_text(lab.read_text().replace("  hf_cache: /home/nvidia/.cache/huggingface\n",
                                                "  hf_cache: /home/nvidia/.cache/huggingface\n  args: {max-model-len: 2048}\n"))
@@ -127,10 +139,11 @@ def test_a_changed_launch_is_said_and_restart_replaces_it(lab, tmp_path: Path) -
     assert max_model_len() == 2048  # left serving: the tests after it only need a server
 
 
-def test_bench_counts_every_level_and_the_engines_own_tokens(lab) -> None:
+def test_bench_counts_every_level_and_the_engines_own_tokens(serving: Path) -> None:
     """Each level's requests, their tokens, and the engine's own count of what bench asked for.
     How fast the emulator decodes is its pacing, not a measurement: bench's figures are held to
     `vllm bench serve` on the real engine (test_fit_bench_real)."""
+    lab = serving
     def generated() -> float:
         return json.loads(cli("status", str(lab), "--json").stdout)["vllm"]["metrics"]["generation_tokens_total"]
 
@@ -148,7 +161,8 @@ def test_bench_counts_every_level_and_the_engines_own_tokens(lab) -> None:
     assert human.returncode == 0 and "concurrency 2: 2/2 ok, 8 tokens each" in human.stdout
 
 
-def test_watch_restarts_a_dead_engine(lab) -> None:
+def test_watch_restarts_a_dead_engine(serving: Path) -> None:
+    lab = serving
     killed = cli("exec", str(lab), "--node", "spark-a", "--",
                  "pkill -KILL -s $(cut -d' ' -f1 ~/.cache/spark-cluster/sim/vllm.pid) && echo killed")
     assert "killed" in killed.stdout
