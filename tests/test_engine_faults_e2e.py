@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,14 @@ def restored(lab_pool) -> Iterator[None]:  # noqa: ANN001
     lab_pool.restore(simlab.load_lab())
 
 
+def check_passes(inventory: Path, deadline_s: float = 30.0) -> None:
+    """Poll until `check` passes: a node frees what the last engine held a moment after `down`."""
+    end = time.monotonic() + deadline_s
+    while (done := cli("check", str(inventory))).returncode != 0:
+        assert time.monotonic() < end, done.stdout
+        time.sleep(1.0)
+
+
 def up_outcome(inventory: Path) -> tuple[Outcome, dict, str]:
     done = cli("up", str(inventory), "--json", timeout=420)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -178,6 +187,7 @@ def test_a_fault_ends_up_with_the_same_stage_cause_phase_and_node_on_both_engine
         scenario: Scenario, engine: str, inventories: dict[str, Path], restored, tmp_path: Path) -> None:
     if engine == "real" and (why := engines.real_missing()) is not None:
         pytest.skip(f"the real vLLM engine cannot run: {why}")
+    check_passes(inventories[engine])
     with scenario.inject[engine](inventories[engine], tmp_path) as inventory:
         got, last, err = up_outcome(inventory)
     assert got == scenario.expected, (engine, last, err[-2000:])
