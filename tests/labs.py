@@ -28,7 +28,7 @@ PROBE = (
     "docker ps -q 2>/dev/null | wc -l; "
     f"{{ cd {MODEL} 2>/dev/null && find . -mindepth 1 ! -type d | LC_ALL=C sort | while read -r f; do "
     "if [ -L \"$f\" ]; then echo \"$f -> $(readlink \"$f\")\"; "
-    "else echo \"$f $(sha256sum < \"$f\" | cut -c1-64) $(stat -c %a \"$f\")\"; fi; done; }} | sha256sum | cut -c1-64"
+    "else echo \"$f $(sha256sum < \"$f\" | cut -c1-64) $(stat -c %a \"$f\")\"; fi; done; } | sha256sum | cut -c1-64"
 )
 
 
