@@ -152,18 +152,23 @@ class Pool:
             assert synced.returncode == 0, synced.stdout + synced.stderr
 
     def _stop(self, inventory: Path, containers: bool) -> None:
-        """`down` as a user runs it, in each runtime something may have been started in."""
+        """`down` as a user runs it, with the executors and runtimes something may have been
+        started with: Ray's (which stops the head's vLLM and Ray), then vLLM's own multi-node
+        mode (whose ranks run on every node), in a container too where one runs."""
         COUNTS["down"] += 1
         text = inventory.read_text()
-        variants = [inventory]
-        if containers:
-            boxed = self.base / "restore-container.yaml"
-            boxed.write_text(text.replace("  runtime: host\n",
-                                          "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n"))
-            variants.append(boxed)
-        for variant in variants:
-            done = cli("down", str(variant), timeout=300)
-            assert done.returncode == 0, done.stdout + done.stderr
+        variants = []
+        for runtime in ("host", "container") if containers else ("host",):
+            for executor in ("ray", "mp"):
+                variant = text.replace("  executor: ray\n", f"  executor: {executor}\n")
+                if runtime == "container":
+                    variant = variant.replace("  runtime: host\n",
+                                              "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n")
+                path = self.base / f"restore-{runtime}-{executor}.yaml"
+                path.write_text(variant)
+                variants.append(path)
+        done = [cli("down", str(variant), timeout=300) for variant in variants]
+        assert done[-1].returncode == 0, "\n".join(d.stdout + d.stderr for d in done)
         for name in ("spark-a", "spark-b"):  # a copy of the weights a killed `up` left at either end
             cli("exec", str(inventory), "--node", name, "--", "pkill -f '[s]park-sync[.]' || true", timeout=60)
 
