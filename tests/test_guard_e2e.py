@@ -22,12 +22,11 @@ REBOOT_S = 3.0  # short reboots: --upgrade takes two
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory: pytest.TempPathFactory):
-    path = tmp_path_factory.mktemp("lab") / "sim.yaml"
-    simlab.down()
-    simlab.up(2, inventory_out=path, reboot_s=REBOOT_S)
-    yield path
-    assert simlab.down() == []
+def inventory(sim_inventory: Path) -> Path:
+    lab_ = simlab.load_lab()
+    assert lab_ is not None
+    simlab.set_reboot_seconds(lab_, REBOOT_S)  # the next module's restore sets the lab's pace back
+    return sim_inventory
 
 
 @pytest.fixture

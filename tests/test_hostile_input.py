@@ -370,12 +370,15 @@ def test_a_huge_number_in_an_inventory_is_a_problem_not_a_crash(tmp_path: Path) 
     ("nodes:\n" + "- a\n" * 1_500_000, "MiB"),            # was 43 s and 1.6 GB at 5 MB
     ("nodes:\n" + "- a\n" * 200_000, "YAML values"),       # under the size bound, over the node bound
 ], ids=["6MB", "800KB"])
-def test_a_huge_inventory_is_refused_fast_and_small(tmp_path: Path, body: str, words: str) -> None:
+@pytest.mark.perf
+def test_a_huge_inventory_is_refused_fast_and_small(tmp_path: Path, body: str, words: str, figure) -> None:
     inventory = tmp_path / "big.yaml"
     inventory.write_text(body)
     done, seconds, rss_mib = _cli("validate", str(inventory))
     assert done.returncode == 2 and words in done.stderr, done.stderr
-    assert seconds < 10 and rss_mib < 300, (seconds, rss_mib)
+    assert rss_mib < 300, rss_mib  # memory does not depend on how busy the machine is
+    # Its seconds do (12.6 s once, beside a vLLM start): the regression was 43 s.
+    figure(f"validate refuses a huge inventory ({words})", seconds, "s", "10 s; fails past 30 s", seconds < 30)
 
 
 def test_an_inventory_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:

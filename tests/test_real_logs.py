@@ -50,7 +50,15 @@ def test_the_headless_worker_loads_and_never_serves() -> None:
     text = WORKER.read_text()
     data = diagnose_log(text)
     # `down` ended it through its head: its executor's [shutdown] lines say only that the head went,
-    # as they would if the head had died, so they stop nothing here
-    assert (data["outcome"], data["phase"], data["cause"]) == ("loading", "weights", None)
+    # as they would if the head had died, so they stop nothing here; its last step is sizing its KV
+    # cache ("Explicitly set (1.0/10.59) GiB for KV cache on node 0.")
+    assert (data["outcome"], data["phase"], data["cause"]) == ("loading", "kv-cache", None)
     assert data["shards_total"] is None and data["weights_gib"] == []
     assert phases(text)[0] == "engine-args" and "compile" not in phases(text)
+
+
+def test_a_kv_cache_too_small_fails_in_the_kv_cache_phase() -> None:
+    text = (HEAD.parent / "13-lab-vllm-0.32-cpu-1node-kv-cache-too-small.log").read_text()
+    data = diagnose_log(text)
+    assert (data["outcome"], data["cause"], data["phase"]) == ("failed", "kv-cache-memory", "kv-cache")
+    assert "No available memory for the cache blocks" in data["evidence"]

@@ -140,8 +140,10 @@ _MARKERS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((phase, re.compile(rx)
     ("ready", r"Application startup complete"),
     ("api-server", r"Starting vLLM (?:API )?server|Available routes are|Started server process"
                    r"|Uvicorn running on|Supported tasks:"),
+    # The CPU build's worker sizes its KV cache in a line of its own ("Explicitly set (1.0/10.59)
+    # GiB for KV cache on node 0."), before the engine checks the cache is big enough.
     ("kv-cache", r"Available KV cache memory|KV cache size: [\d,]+ tokens|# GPU blocks: \d+"
-                 r"|init engine \(profile, create kv cache"),
+                 r"|init engine \(profile, create kv cache|GiB for KV cache on node \d"),
     ("cuda-graphs", r"Capturing CUDA graphs|Capturing the model for CUDA graphs|Capturing cudagraphs"
                     r"|Graph capturing finished"),
     ("compile", r"torch\.compile|Dynamo bytecode transform time|Compiling a graph for"
