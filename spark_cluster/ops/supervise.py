@@ -16,6 +16,7 @@ from collections.abc import Callable
 from spark_cluster.core.errors import CommandTimeout, ConnectError, SparkClusterError
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.node_sample import parse_probe, probe_command
+from spark_cluster.core.hang import HUNG, PROBE_EVERY_S, STALLED
 from spark_cluster.core.serve_plan import serve_plan
 from spark_cluster.core.systemd_unit import GAVE_UP
 from spark_cluster.core.supervise_policy import (
@@ -23,6 +24,7 @@ from spark_cluster.core.supervise_policy import (
     memory_not_freed, record,
 )
 from spark_cluster.ops import serve
+from spark_cluster.ops.engine_watch import Prober, opened
 from spark_cluster.ops.metrics import Board, parse_vllm, sample_sum
 from spark_cluster.transport.remote import Fleet
 
@@ -33,10 +35,14 @@ FREE_WAIT_S = 30.0  # how long a stopped vLLM's memory may take to come back
 class Supervisor:
     def __init__(self, inventory: Inventory, fleet: Fleet, log: Log, board: Board, stop: threading.Event, *,
                  max_restarts: int = 5, window_s: float = 3600.0, interval_s: float = 5.0,
-                 hang_after_s: float = 30.0, timeout_s: float = 3600.0) -> None:
+                 hang_after_s: float = 30.0, timeout_s: float = 3600.0, probe_every_s: float = PROBE_EVERY_S) -> None:
         self.inv, self.fleet, self.board, self.stop = inventory, fleet, board, stop
         self.plan = serve_plan(inventory)
-        self.policy = Policy(hang_after_s=hang_after_s, unhealthy_after_s=max(hang_after_s, 3 * interval_s))
+        self.policy = Policy(hang_after_s=hang_after_s, unhealthy_after_s=max(hang_after_s, 3 * interval_s),
+                             probe_every_s=probe_every_s)
+        # The probe outlives a hang's judging: one cut off before would leave nothing out to judge by.
+        self.prober = Prober(lambda: opened(self.plan, self.fleet), self.plan.served_model_name,
+                             serve.api_key(self.plan), 2 * max(hang_after_s, 10.0))
         self.budget = RestartBudget(max_restarts, window_s)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self._log = log
@@ -67,6 +73,8 @@ class Supervisor:
             self.board.update(observation=observation)
             decision = Decision(RESTART_CLUSTER, self.last_cause or "up-failed") if self.needs_up \
                 else self.policy.decide(observation)
+            if decision.action == OK and self.policy.reading.probe_now:
+                self.prober.send()
             self.board.update(hung=decision.cause == "engine-hang")
             if decision.action in (RESTART_VLLM, RESTART_CLUSTER) and self.budget.spent(time.monotonic()):
                 decision = Decision(GIVE_UP, decision.cause, decision.node, decision.detail)
@@ -146,20 +154,20 @@ class Supervisor:
             obs.nodes[exc.node if hasattr(exc, "node") else self.inv.head.name] = NodeSample(False, str(exc))
             return obs
         if obs.vllm_running:
+            from spark_cluster.ops.engine_watch import log_hint, read_engine
             from spark_cluster.ops.reach import reach
 
+            probe_out = self.prober.out
             try:
                 with reach(self.plan, self.fleet) as api:
-                    base = api.endpoint.removesuffix("/v1")
-                    health, _ = http(f"{base}/health")
-                    code, text = http(f"{base}/metrics")
+                    health, families, obs.engine = read_engine(api, probe_out, obs.time)
             except SparkClusterError:
-                health, code, text = 0, 0, ""
-            families = parse_vllm(text) if code == 200 else []
+                health, families = 0, []
             self.board.update(vllm=families)
             obs.vllm_healthy = health == 200
-            obs.generation_tokens = sample_sum(families, "vllm:generation_tokens_total")
-            obs.requests_running = sample_sum(families, "vllm:num_requests_running")
+            obs.probe = self.prober.view()
+            if self.policy.reading.state in (STALLED, HUNG):  # the log only while the engine stalls
+                obs.hint = log_hint(self.fleet, self.plan)
         else:
             self.board.update(vllm=[])
         return obs
@@ -186,6 +194,7 @@ class Supervisor:
             return False
         self.log("up-done", seconds=round(time.monotonic() - began, 1))
         self.policy.remember_boots(self.observe())
+        self.prober.forget()
         return True
 
     def _vllm_serves(self) -> bool:
@@ -242,6 +251,7 @@ class Supervisor:
         self.log("vllm-ready", cause=cause, seconds=round(time.monotonic() - began, 1))
         self.board.update(phase="serving", memory_not_freed=set())
         self.policy.remember_boots(self.observe())
+        self.prober.forget()
         self.needs_up = False
         return True
 
