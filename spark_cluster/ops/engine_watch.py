@@ -165,13 +165,15 @@ def judge_once(api: ServePlan, prober: Prober, hang_after_s: float, hint: Callab
         return HangReading("idle"), None, None
     reading, last = judge.feed(first, prober.view()), first
     end = first.time + hang_after_s + every_s
+    said: list[str | None] = []  # the log is read once, when a stall nears a hang
     while not reading.hung:
         done = prober.wait(min(every_s, max(0.0, end - time.monotonic())))
         _, _, sample = read_engine(api, prober.out)
         last = sample or last
-        over = done or time.monotonic() >= end
-        reading = judge.feed(last, prober.view(), hint() if over and reading.state == "stalled" else None)
-        if over:
+        if reading.state == "stalled" and not said and last.time - first.time >= hang_after_s - every_s:
+            said.append(hint())
+        reading = judge.feed(last, prober.view(), said[0] if said else None)
+        if done or time.monotonic() >= end:
             break
     return reading, first, last
 
