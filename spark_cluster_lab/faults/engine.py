@@ -1,6 +1,6 @@
 """Faults of the running vLLM. `engine-hang` freezes what a rank frozen in a collective freezes:
 
-- the real vLLM: its rank processes on the node are stopped (SIGSTOP), `VLLM::Worker_TP*` as vLLM
+- the real vLLM: its rank processes on the node are stopped (SIGSTOP), `VLLM::Worker*` as vLLM
   titles them, or `VLLM::EngineCore` where the model runs in the engine's own process (TP=1);
 - the emulator: the node's state says so (node_memory.hang_flag): the steps of an engine on the node
   stop (vllm_scheduler), and a headless node's ranks stop answering its head (vllm_mp_head).
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # vLLM's process titles (setproctitle): a rank of the mp executor, and the engine that runs the
 # model itself with one GPU. The brackets keep pgrep from matching a command line that names them.
-RANK_TITLES = ("[V]LLM::Worker_TP", "[V]LLM::EngineCore")
+RANK_TITLES = ("[V]LLM::Worker", "[V]LLM::EngineCore")
 
 
 def _hang_now(state: dict[str, Any]) -> None:
