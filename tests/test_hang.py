@@ -49,6 +49,17 @@ def test_frozen_mid_stream_is_hung_by_the_running_gauge_alone() -> None:
     assert judge.feed(engine(21, steps=11, running=2), Probe()).state == HUNG
 
 
+def test_a_probe_that_timed_out_during_the_freeze_counts_as_unanswered() -> None:
+    judge = HangJudge(hang_after_s=10)
+    judge.feed(engine(0, in_flight=1), Probe(sent_at=0, last_sent_at=0))
+    timed_out = Probe(last_sent_at=0, last_error="no token in 8 s")
+    assert judge.feed(engine(11, in_flight=1), timed_out).state == HUNG
+    refused = Probe(last_sent_at=0, last_error="HTTP 500")  # an answer, if not a token: not a timeout
+    fresh = HangJudge(hang_after_s=10)
+    fresh.feed(engine(0, in_flight=1), Probe(sent_at=0, last_sent_at=0))
+    assert fresh.feed(engine(11, in_flight=1), refused).state != HUNG
+
+
 def test_only_the_in_flight_count_without_a_probe_is_not_enough() -> None:
     """/load may keep a request a client walked away from; without our probe's word it stays stalled."""
     judge = HangJudge(hang_after_s=10)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 IDLE, BUSY, STALLED, HUNG = "idle", "busy", "stalled", "hung"
 HANG_AFTER_S = 30.0
 PROBE_EVERY_S = 60.0  # the slow schedule: one probe a minute while nothing else is in flight
+TIMED_OUT = "no token in"  # how a probe that waited its whole deadline ends (Probe.last_error)
 SHM_HINT = "No available shared memory broadcast block found"
 STARTED = "Application startup complete"  # uvicorn's line once vLLM's API server serves
 
@@ -97,7 +98,10 @@ class HangJudge:
             return HangReading(BUSY, 0.0)
         frozen = sample.time - self.frozen_since
         probe_age = sample.time - probe.sent_at if probe.sent_at is not None else None
-        stuck_probe = probe_age is not None and probe_age >= self.hang_after_s / 2
+        # Unanswered for half a hang's time, or timed out whole since the engine last stepped.
+        stuck_probe = (probe_age is not None and probe_age >= self.hang_after_s / 2) or (
+            probe.sent_at is None and (probe.last_error or "").startswith(TIMED_OUT)
+            and probe.last_sent_at is not None and probe.last_sent_at >= self.frozen_since)
         hung = frozen >= self.hang_after_s and (stuck_probe or (sample.running or 0) > 0)
         # One probe at most, and not again before half a hang's time after the last: an in-flight
         # count that never comes down (a client gone mid-request) is not probed every round.

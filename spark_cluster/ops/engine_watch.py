@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import ContextManager
 
-from spark_cluster.core.hang import EngineSample, HangJudge, HangReading, Probe, shm_hint
+from spark_cluster.core.hang import TIMED_OUT, EngineSample, HangJudge, HangReading, Probe, shm_hint
 from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.ops.readiness import http
 
@@ -136,7 +136,7 @@ class Prober:
                         usage = (int(chunk["usage"].get("prompt_tokens") or 0),
                                  int(chunk["usage"].get("completion_tokens") or 0))
         except httpx.TimeoutException:
-            return f"no token in {self.deadline_s:.0f} s", usage
+            return f"{TIMED_OUT} {self.deadline_s:.0f} s", usage
         except (httpx.HTTPError, ValueError) as exc:
             return f"{type(exc).__name__}: {exc}", usage
         return (None if token else "the stream ended without a token"), usage

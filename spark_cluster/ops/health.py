@@ -192,7 +192,8 @@ def _vllm(inventory, fleet, plan, api, obs, watcher, hang_after_s):  # noqa: ANN
         if watcher is not None:
             reading = watcher.look(api)
         else:
-            prober = Prober(lambda: opened(plan, fleet), plan.served_model_name, api_key(plan), hang_after_s)
+            # The probe outlives the look: one timed out before the verdict would leave nothing to judge by.
+            prober = Prober(lambda: opened(plan, fleet), plan.served_model_name, api_key(plan), 2 * hang_after_s + 5)
             reading, _, last = judge_once(api, prober, hang_after_s, hint=lambda: log_hint(fleet, plan))
             prober.wait(0)
             usage = prober.usage
