@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                            rate=TokenRate(scale=float(os.environ.get("SPARK_LAB_RATE_SCALE", "1"))),
                            stats_log=lambda line: log("INFO", "loggers.py:257", line),
                            stats_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")),
-                           hung=_hung(engine), stall_log=_stall_line,
+                           # the executor waits on its workers' shared-memory queue; `uni` has none
+                           hung=_hung(engine), stall_log=_stall_line if backend != "uni" else None,
                            stall_every_s=float(os.environ.get("VLLM_RINGBUFFER_WARNING_INTERVAL", "60")),
                            load_tracking=args.enable_server_load_tracking)
         holder["server"] = server
