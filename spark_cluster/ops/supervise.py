@@ -30,6 +30,9 @@ from spark_cluster.transport.remote import Fleet
 
 Log = Callable[[dict], None]
 FREE_WAIT_S = 30.0  # how long a stopped vLLM's memory may take to come back
+# A hung engine cannot shut down in order: a rank waiting in a collective on a frozen peer sits
+# out the TERM (22 s to stop the lab's real engine with the default 20 s grace).
+HUNG_GRACE_S = 5.0
 
 
 class Supervisor:
@@ -113,7 +116,7 @@ class Supervisor:
         if self.stop.wait(delay):
             return True
         if decision.action == RESTART_VLLM:
-            if self._stop_vllm(check_memory=True):
+            if self._stop_vllm(check_memory=True, grace_s=HUNG_GRACE_S if decision.cause == "engine-hang" else 20.0):
                 self._start_vllm(decision.cause)
         else:
             self._stop_vllm(check_memory=False)
@@ -207,9 +210,9 @@ class Supervisor:
         with reach(self.plan, self.fleet) as api:
             return readiness(api) is None
 
-    def _stop_vllm(self, check_memory: bool) -> bool:
+    def _stop_vllm(self, check_memory: bool, grace_s: float = 20.0) -> bool:
         """Stop what is left of vLLM; False when a node kept its memory (reboot advised)."""
-        for name, outcome in serve.stop(self.fleet, self.plan).items():
+        for name, outcome in serve.stop(self.fleet, self.plan, grace_s).items():
             if isinstance(outcome, Exception):
                 self.log("stop-failed", node=name, error=str(outcome).splitlines()[0])
         if not check_memory:
