@@ -180,9 +180,10 @@ def freeze_alone(cluster: Cluster) -> None:
     in_background(lambda: chat(16, timeout=600))
 
 
-def engine_signals(cluster: Cluster, seconds: float = 8.0) -> dict[str, object]:
-    """What a frozen rank leaves for anyone to see, over `seconds` (well inside --hang-after, so
-    before supervise restarts anything): /health, the gauges, whether a step ran, /load, the log."""
+def engine_signals(cluster: Cluster, seconds: float = 6.0) -> dict[str, object]:
+    """What a frozen rank leaves for anyone to see, over `seconds`: /health, the gauges, whether a
+    step ran, /load, the log; then what `status` says of it. All well inside supervise's
+    --hang-after, before it restarts anything."""
     from types import SimpleNamespace
 
     from spark_cluster.ops.engine_watch import read_engine
@@ -193,9 +194,12 @@ def engine_signals(cluster: Cluster, seconds: float = 8.0) -> dict[str, object]:
     time.sleep(seconds)
     health, _, last = read_engine(api, probe_out=False)
     log = cli("logs", str(cluster.inventory), "-n", "400").stdout
+    status = cli("status", str(cluster.inventory), "--json", "--hang-after", "5")
+    verdict = json.loads(status.stdout)["verdict"] if status.stdout.startswith("{") else {}
     return {"health": health, "running": last.running, "waiting": last.waiting, "in_flight": last.in_flight,
             "stepped": last.steps != first.steps or last.generated != first.generated,
-            "shm_line": "No available shared memory broadcast block found in 5 seconds" in log}
+            "shm_line": "No available shared memory broadcast block found in 5 seconds" in log,
+            "status": (status.returncode, verdict.get("state"), verdict.get("cause"))}
 
 
 @dataclass(frozen=True)
@@ -215,9 +219,11 @@ SCENARIOS = [
     # The real engine's signs, which the emulator must show alike: /health 200, the gauges where the
     # last step left them (0/0 idle, 1 running mid-stream), no step, the request at the API server.
     Scenario("rank frozen idle", freeze_idle, "restart-vllm", ("engine-hang",),
-             signals={"health": 200, "running": 0, "waiting": 0, "in_flight": 1, "stepped": False, "shm_line": True}),
+             signals={"health": 200, "running": 0, "waiting": 0, "in_flight": 1, "stepped": False, "shm_line": True,
+                      "status": (1, "hung", "engine-hang")}),
     Scenario("rank frozen mid-stream", freeze_mid_stream, "restart-vllm", ("engine-hang",),
-             signals={"health": 200, "running": 1, "waiting": 0, "in_flight": 1, "stepped": False, "shm_line": True}),
+             signals={"health": 200, "running": 1, "waiting": 0, "in_flight": 1, "stepped": False, "shm_line": True,
+                      "status": (1, "hung", "engine-hang")}),
     Scenario("rank killed", kill_rank, "restart-vllm", ("engine-died",)),
     Scenario("spark-b rebooted", reboot_b, "restart-cluster", ("node-rebooted",), detect_within_s=120),
     Scenario("rail cut while serving", cut_rail, "waiting", ("link-down",), heal=("spark-b",)),
@@ -329,3 +335,24 @@ def test_supervise_fault_matrix(cluster: Cluster, scenario: Scenario) -> None:
     # each node runs its vLLM again
     assert all(any("vllm.entrypoints.cli.main serve" in line for line in procs.values())
                for procs in after.values()), after
+
+
+@pytest.mark.parametrize("cluster", [pytest.param("emulator-2", id="emulator")], indirect=True)
+def test_status_names_the_link_when_both_rails_are_down(cluster: Cluster) -> None:
+    """Both rails off on spark-b while serving: `status` says what blocks serving (not
+    'healthy', as it did while a request hung), exit 1; supervise waits for the cable."""
+    mark = len(cluster.sup.events)
+    assert cli("lab", "break", "spark-b", "link-down").returncode == 0
+    try:
+        status = cli("status", str(cluster.inventory), "--json")
+        verdict = json.loads(status.stdout)["verdict"]
+        assert status.returncode == 1 and (verdict["state"], verdict["cause"]) == ("blocked", "link-down"), verdict
+        assert verdict["node"] in ("spark-a", "spark-b") and "no carrier on enp1s0f1np1, enP2p1s0f1np1" in \
+            verdict["evidence"][0]
+        shown = cli("status", str(cluster.inventory))
+        assert shown.returncode == 1 and shown.stdout.rstrip().endswith(f"blocked on {verdict['node']}: link-down")
+        cluster.sup.wait_for(lambda e: e["event"] == "waiting" and e.get("cause") == "link-down", 30, after=mark)
+    finally:
+        assert cli("lab", "heal", "spark-b").returncode == 0
+    cluster.sup.wait_for(lambda e: e["event"] == "serving", 300, after=mark)
+    assert cli("status", str(cluster.inventory)).returncode == 0
