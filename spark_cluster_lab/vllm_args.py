@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disable-custom-all-reduce", action="store_true", default=False)
     a("--disable-log-stats", action="store_true", default=False)
     a("--enable-log-requests", action=switch, default=False)
+    a("--enable-server-load-tracking", action=switch, default=False)
     a("--tool-call-parser", default=None)
     a("--reasoning-parser", default=None)
     a("--enable-auto-tool-choice", action=switch, default=False)

@@ -92,6 +92,24 @@ def api_keys(flag: str | list[str] | None, environ: dict[str, str] | None = None
     return [k for k in (given or [env.get("VLLM_API_KEY")]) if k]
 
 
+def _hung(engine: Engine) -> Any:
+    """A step does not return while the engine-hang fault holds this node, or while a headless
+    node's ranks stop answering (a frozen process there: vllm_mp_head's heartbeat)."""
+    fault = node_memory.hang_flag(time.time())
+    return lambda: fault() or (engine.mp is not None and engine.mp.stalled())
+
+
+def _stall_line(seconds: float) -> None:
+    """vLLM's shm_broadcast wait line, as its EngineCore logs it while a step does not return."""
+    PREFIX.local.name = "EngineCore"
+    try:
+        log("INFO", "shm_broadcast.py:871", f"No available shared memory broadcast block found in {int(seconds)} "
+            "seconds. This typically happens when some processes are hanging or doing some time-consuming work "
+            "(e.g. compilation, weight/kv cache quantization).")
+    finally:
+        PREFIX.local.name = None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = vllm_args.parse(argv)  # argparse exits 2 by itself
@@ -212,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                            rate=TokenRate(scale=float(os.environ.get("SPARK_LAB_RATE_SCALE", "1"))),
                            stats_log=lambda line: log("INFO", "loggers.py:257", line),
                            stats_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")),
-                           hung=node_memory.hang_flag(time.time()))
+                           # the executor waits on its workers' shared-memory queue; `uni` has none
+                           hung=_hung(engine), stall_log=_stall_line if backend != "uni" else None,
+                           stall_every_s=float(os.environ.get("VLLM_RINGBUFFER_WARNING_INTERVAL", "60")),
+                           load_tracking=args.enable_server_load_tracking)
         holder["server"] = server
         log("INFO", "api_server.py:594", f"Starting vLLM server on http://{host}:{args.port}")
         log("INFO", "launcher.py:37", "Available routes are:")

@@ -84,6 +84,9 @@ class Metrics:
                             "Histogram of time spent in PREFILL phase for request.", _LATENCY_BUCKETS)
         self.decode = hist("vllm:request_decode_time_seconds",
                            "Histogram of time spent in DECODE phase for request.", _LATENCY_BUCKETS)
+        # One observation per engine step that ran tokens: its count is the engine's heartbeat.
+        self.iteration = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                              [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
         token_buckets = _buckets_1_2_5(max_model_len)
         self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets)
         self.req_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.",

@@ -13,9 +13,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from spark_cluster.core.node_sample import parse_probe
+from spark_cluster.core.hang import EngineSample
+from spark_cluster.core.observation import NodeSample, Observation
 from spark_cluster.core.supervise_policy import (
-    OK, RESTART_CLUSTER, RESTART_VLLM, WAIT, NodeSample, Observation, Policy, RestartBudget,
-    memory_not_freed, record, render,
+    OK, RESTART_CLUSTER, RESTART_VLLM, WAIT, Policy, RestartBudget, memory_not_freed, record, render,
 )
 from spark_cluster.core.systemd_unit import quote, render_environment, render_unit
 from spark_cluster.ops.metrics import Board, parse_vllm, registry_for, sample_sum
@@ -32,8 +33,8 @@ def node(boot: str = "b1", **kw) -> NodeSample:
 def obs(t: float, tokens: float | None = 10.0, running: float | None = 0.0, **kw) -> Observation:
     nodes = kw.pop("nodes", {"spark-a": node(), "spark-b": node()})
     return Observation(time=t, nodes=nodes, runtime_ok=True, vllm_running=kw.pop("vllm_running", True),
-                       vllm_healthy=kw.pop("vllm_healthy", True), generation_tokens=tokens,
-                       requests_running=running)
+                       vllm_healthy=kw.pop("vllm_healthy", True),
+                       engine=EngineSample(t, generated=tokens, running=running))
 
 
 def test_a_hang_is_frozen_tokens_with_requests_running_not_health() -> None:

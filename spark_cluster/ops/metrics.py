@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from spark_cluster.core.supervise_policy import Observation
+from spark_cluster.core.observation import Observation
 
 PHASES = ("starting", "loading", "serving", "restarting", "waiting", "given-up")
 GIB = 1024**3

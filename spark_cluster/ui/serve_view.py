@@ -64,19 +64,24 @@ def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
         CONSOLES.out.print(Text("ray ", style="bold") + Text("not used (executor mp)", style="dim"))
     elif ray.get("refused"):  # it runs, but not for us: the message says why and what to do
         CONSOLES.out.print(Text(f"ray: {ray.get('error', '')}", style="red"))
-        vllm_status(data)
-        return
     elif not ray["reachable"]:
         CONSOLES.out.print(Text(f"ray: not running ({ray.get('error', '')})", style="red"))
-        vllm_status(data)
-        return
     else:
         CONSOLES.out.print(Text(f"ray {ray['version']}", style="bold"))
-    for node in ray["nodes"]:
-        ray_node_line(node, inventory)
+        for node in ray["nodes"]:
+            ray_node_line(node, inventory)
     vllm_status(data)
-    CONSOLES.out.print(Text("healthy" if data["healthy"] else "not healthy",
-                            style="bold green" if data["healthy"] else "bold red"))
+    verdict_view(data)
+
+
+def verdict_view(data: dict) -> None:
+    """The last lines: the verdict (healthy, hung, or what blocks serving) and its evidence."""
+    v = data.get("verdict") or {"state": "healthy" if data["healthy"] else "blocked", "evidence": []}
+    headline = v["state"] + (f" on {v['node']}" if v.get("node") else "") + (f": {v['cause']}" if v.get("cause") else "")
+    for line in v["evidence"]:
+        CONSOLES.out.print(Text(f"  {line}", style="red" if not data["healthy"] else "dim"))
+    CONSOLES.out.print(Text(headline, style="bold green" if v["state"] == "healthy" else
+                            "bold" if data["healthy"] else "bold red"))
 
 
 def plan_notes(plan) -> None:  # noqa: ANN001 - ServePlan
@@ -133,6 +138,9 @@ def vllm_status(data: dict) -> None:
     metrics = {**vllm["metrics"], **(vllm.get("throughput") or {})}
     if metrics:
         CONSOLES.out.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
+    engine = vllm.get("engine")
+    if engine and engine["state"] not in ("hung",):  # a hang's evidence closes the report
+        CONSOLES.out.print(f"  engine {engine['state']}" + "".join(f"; {e}" for e in engine["evidence"]))
 
 
 def log_text(text: str) -> None:

@@ -63,7 +63,10 @@ def summary_line(data: dict) -> str:
     nodes = data["nodes"].values()
     reachable = sum(1 for n in nodes if n["reachable"])
     alive = sum(1 for n in data["ray"].get("nodes", []) if n["alive"])
-    line = (f"{time.strftime('%H:%M:%S')} {'healthy' if data['healthy'] else 'NOT healthy'}: "
+    v = data.get("verdict") or {"state": "healthy" if data["healthy"] else "blocked"}
+    said = ((v["state"] if data["healthy"] else v["state"].upper()) + (f" on {v['node']}" if v.get("node") else "")
+            + (f": {v['cause']}" if v.get("cause") else ""))
+    line = (f"{time.strftime('%H:%M:%S')} {said}: "
             f"nodes {reachable}/{len(data['nodes'])} reachable"
             + (f", ray {alive} alive" if data["ray"].get("used", True) else "")
             + (", ray refuses our token (`status` says why)" if data["ray"].get("refused") else ""))
@@ -82,4 +85,6 @@ def summary_line(data: dict) -> str:
         failure = vllm.get("failure")
         if failure:
             line += f"; vllm failed on {failure['node']}: {failure['cause']}; evidence: {failure['evidence']}"
+    if v.get("evidence") and not (vllm or {}).get("failure"):
+        line += "; " + "; ".join(v["evidence"])
     return line
