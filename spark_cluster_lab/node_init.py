@@ -85,8 +85,27 @@ def _shut_down() -> None:
             return
 
 
+def mount_points(mountinfo: str) -> set[str]:
+    """The mount points /proc/self/mountinfo lists (its fifth field, octal escapes undone)."""
+    points = set()
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.add(fields[4].encode().decode("unicode_escape"))
+    return points
+
+
 def _empty(directory: Path) -> None:
+    """A reboot's empty /tmp. A mount point in it is this machine's code bound back (a clone or
+    a virtualenv under /tmp, node_setup): removing its files would remove them here too. A bind
+    mount on the same filesystem has its parent's device, so the mount table says which they are."""
+    try:
+        kept = mount_points(Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        return  # nothing is removed rather than a bound checkout
     for entry in directory.iterdir() if directory.is_dir() else ():
+        if str(entry) in kept or any(point.startswith(f"{entry}/") for point in kept):
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:

@@ -74,8 +74,9 @@ def _code_places() -> list[Path]:
 
 def _code_under(top: Path, depth: int = 1) -> list[Path]:
     """The directories, `depth` levels below `top`, that hold this code or its Python (a clone
-    in /tmp or /root, as CI may make; pyenv's Python under /root): a node's own /tmp and /root
-    would hide them, so the node gets them bound back (and only them)."""
+    or a virtualenv in /tmp, /var/tmp or /root, as CI may make; pyenv's Python under /root): a
+    node's own /tmp, /var/tmp and /root would hide them, so the node gets them bound back (and
+    only them)."""
     found = set()
     for place in _code_places():
         if place.is_relative_to(top) and place != top:
@@ -85,7 +86,7 @@ def _code_under(top: Path, depth: int = 1) -> list[Path]:
 
 
 def _code_under_tmp() -> list[Path]:
-    return _code_under(Path("/tmp"))
+    return _code_under(Path("/tmp")) + _code_under(Path("/var/tmp"))
 
 
 def _code_under_root() -> list[Path]:
