@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from spark_cluster.core.guard_rules import GuardFinding, NodeVerdict
+from spark_cluster.core.guard_rules import GuardFinding, NodeVerdict, UpgradeStep
 from spark_cluster.ui.consoles import CONSOLES
 
 SCHEMA_VERSION = 1
@@ -65,3 +65,25 @@ def file_changes(node: str, changes: list[tuple[str, str]], shown: dict[str, str
         if shown and what == "would write":
             for line in shown[path].splitlines():
                 console.print(f"    | {line}", markup=False)
+
+
+def _some(packages: list[str], shown: int = 2) -> str:
+    more = len(packages) - shown
+    return ", ".join(packages[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def upgrade_plan(steps: list[UpgradeStep]) -> None:
+    """Per node, before anything starts: what it installs, and whether (and why) it reboots."""
+    console = CONSOLES.out
+    for step in steps:
+        count = len(step.packages)
+        if not count:
+            console.print(f"{step.node}  nothing to install: not upgraded, not rebooted", markup=False)
+            continue
+        what = f"{count} package{'s' * (count != 1)} to install"
+        if step.reboots:
+            console.print(f"{step.node}  {what}; then a reboot into kernel {step.next_kernel}, for "
+                          f"{_some(step.reboot_for)}", markup=False)
+        else:
+            console.print(f"{step.node}  {what} ({_some(step.packages)}); no reboot: none is a kernel, "
+                          "a driver or firmware", markup=False)
