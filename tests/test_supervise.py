@@ -144,6 +144,41 @@ def test_metrics_pass_promtool(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def vllm_histogram_page() -> str:
+    """A page with vLLM's histogram named `..._total`, made as vLLM makes it (prometheus_client's
+    Histogram, vllm/v1/metrics/loggers.py) with its buckets (vllm/v1/metrics/buckets.py)."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    registry = CollectorRegistry()
+    steps = Histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                      ["model_name", "engine"], buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                                         8192, 16384], registry=registry)
+    for tokens in (7, 1, 1, 1):
+        steps.labels(model_name="m", engine="0").observe(tokens)
+    return VLLM_TEXT + generate_latest(registry).decode()
+
+
+def test_a_histogram_vllm_names_total_is_served_without_the_suffix() -> None:
+    b = board()
+    b.vllm = parse_vllm(vllm_histogram_page())
+    families = parse_vllm(generate_latest(registry_for(b)).decode())
+    assert sample_sum(families, "vllm_iteration_tokens_count") == 4.0
+    assert sample_sum(families, "vllm_iteration_tokens_sum") == 10.0
+    assert not [f.name for f in families if f.name.startswith("vllm_iteration_tokens_total")]
+    assert sample_sum(families, "vllm_generation_tokens_total") == 42.0  # a counter keeps its _total
+
+
+@promtool
+def test_vllms_histogram_fails_promtool_as_vllm_serves_it_and_passes_as_supervise_serves_it() -> None:
+    raw = vllm_histogram_page().replace("vllm:", "vllm_").encode()  # only the colon changed
+    refused = subprocess.run(["promtool", "check", "metrics"], input=raw, capture_output=True)
+    assert refused.returncode != 0 and b'non-counter metrics should not have "_total" suffix' in refused.stdout + refused.stderr
+    b = board()
+    b.vllm = parse_vllm(vllm_histogram_page())
+    done = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(registry_for(b)), capture_output=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @promtool
 def test_deploy_config_and_rules_pass_promtool() -> None:
     for args in (["check", "config", "deploy/prometheus/prometheus.yml"],
