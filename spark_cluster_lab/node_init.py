@@ -149,8 +149,29 @@ def _free_ended(root: Path) -> None:
         pass  # a state being rewritten or a node going down: the next round sees it
 
 
+PROCESSES_STEP_KIB = 16 * 1024  # a change smaller than this is not written (the state is shared under a lock)
+
+
+def _follow_processes(root: Path) -> None:
+    """Show in the node's meminfo what its real processes hold now (a real vLLM's weights and KV
+    cache, Ray, sshd): PID 1 sees the node's /proc and /dev/shm, so it measures them."""
+    from spark_cluster_lab.consumers import held_kib
+    from spark_cluster_lab.layout import NodePaths
+    from spark_cluster_lab.state import load_state, locked_state
+
+    paths = NodePaths(root)
+    try:
+        held = held_kib()
+        if abs(held - int(load_state(paths.state)["memory"].get("processes_kib", 0))) >= PROCESSES_STEP_KIB:
+            with locked_state(paths) as state:
+                state["memory"]["processes_kib"] = held
+    except (OSError, ValueError, KeyError):
+        pass  # a state being rewritten or a node going down: the next round sees it
+
+
 def _reap_and_free(root: Path) -> None:
-    """Collect ended children (orphans come to PID 1) and free what ended processes held."""
+    """Collect ended children (orphans come to PID 1), free what ended processes held and follow
+    what the live ones hold."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -159,6 +180,7 @@ def _reap_and_free(root: Path) -> None:
         if pid == 0:
             break
     _free_ended(root)
+    _follow_processes(root)
 
 
 def main(argv: list[str]) -> int:

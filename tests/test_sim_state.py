@@ -323,3 +323,37 @@ def test_a_reboot_empties_tmp_but_what_is_mounted_in_it(tmp_path: Path, monkeypa
     node_init._empty(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bound", "holds-a-mount"]
     assert (tmp_path / "bound" / "bin" / "python").read_text() == "kept"
+
+
+def test_held_memory_is_each_processes_anonymous_rss_and_the_shared_memory_once(tmp_path: Path) -> None:
+    from spark_cluster_lab.consumers import held_kib
+
+    proc = tmp_path / "proc"
+    for pid, anon in (("1", "1200"), ("57", "2048000"), ("58", None)):
+        (proc / pid).mkdir(parents=True)
+        status = "Name:\tpython\nVmRSS:\t 3000000 kB\n" + (f"RssAnon:\t {anon} kB\nRssFile:\t 1000 kB\n" if anon else "")
+        (proc / pid / "status").write_text(status)  # 58: a kernel thread, no RssAnon
+    (proc / "self").mkdir()
+    shm = tmp_path / "shm"  # not a tmpfs here: what its filesystem holds is counted, whatever it is
+    shm.mkdir()
+    fs = os.statvfs(shm)
+    assert held_kib(proc, shm) == 1200 + 2048000 + (fs.f_blocks - fs.f_bfree) * fs.f_frsize // 1024
+    assert held_kib(proc, tmp_path / "none") == 1200 + 2048000
+
+
+def test_the_nodes_init_shows_what_its_real_processes_hold(paths: NodePaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real vLLM records nothing: the node's init measures its processes and the node's meminfo
+    falls by what they hold, as a Spark's does; a change under 16 MiB is not written."""
+    from spark_cluster_lab import consumers
+    from spark_cluster_lab.node_init import _follow_processes
+
+    before = meminfo(paths)["MemAvailable"]
+    monkeypatch.setattr(consumers, "held_kib", lambda: 3 * 2**20)  # 3 GiB: a real engine's ranks
+    _follow_processes(paths.root)
+    assert meminfo(paths)["MemAvailable"] == before - 3 * 2**20
+    monkeypatch.setattr(consumers, "held_kib", lambda: 3 * 2**20 + 2**10)
+    _follow_processes(paths.root)
+    assert meminfo(paths)["MemAvailable"] == before - 3 * 2**20
+    monkeypatch.setattr(consumers, "held_kib", lambda: 2**10)  # the engine stopped
+    _follow_processes(paths.root)
+    assert meminfo(paths)["MemAvailable"] == before - 2**10
