@@ -152,6 +152,7 @@ def test_the_upgrade_says_per_node_what_it_will_do_before_it_starts(capsys) -> N
     upgrade_plan(steps)
     out = capsys.readouterr().out.splitlines()
     assert out == ["spark-a  nothing to install: not upgraded, not rebooted",
-                   f"spark-b  3 packages to install; then a reboot into kernel {K18}, for linux-image-{K18}, "
-                   f"{MOD}{K18}",
-                   "spark-c  1 package to install (curl); no reboot: none is a kernel, a driver or firmware"]
+                   f"spark-b  3 packages to install, then a reboot into kernel {K18}",
+                   f"  which needs it for linux-image-{K18}",
+                   f"                     {MOD}{K18}",
+                   "spark-c  1 package to install; no reboot (no kernel, driver or firmware)"]

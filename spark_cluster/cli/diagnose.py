@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 
@@ -58,11 +59,15 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
                              ("shards", shards), ("load time", load), ("weights", gib),
                              ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
             ui.CONSOLES.out.print(f"{label:>9}: {value}", markup=False)
+        said = []
         if data["inferred"]:
-            ui.CONSOLES.out.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
-                             f"so the server is taken for dead (inferred)", markup=False)
+            said.append(("note", f"no error line; the log has not grown for {idle / 60:.0f} min, so the server "
+                                 "is taken for dead (inferred)"))
         if data["cause"]:
-            ui.CONSOLES.out.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
+            said.append(("next step", NEXT_STEP[data["cause"]]))
+        for label, text in said:  # folded at words under its label, so that it reads at 80 columns
+            ui.CONSOLES.out.print(textwrap.fill(text, 80, initial_indent=f"{label:>9}: ", subsequent_indent=" " * 11,
+                                                break_long_words=False, break_on_hyphens=False), markup=False)
     return 1 if data["outcome"] == "failed" else 0
 
 
@@ -81,7 +86,12 @@ def _diagnose_host(path: Path, as_json: bool) -> int:
         ui.CONSOLES.out.out(dumps(data))
         return 0 if data["ok"] else 1
     shown = ", ".join(s["command"] or s["tool"] for s in data["recognised"])
-    ui.CONSOLES.out.print(f"recognised: {shown}", markup=False)
+    if len(shown) <= 68:
+        ui.CONSOLES.out.print(f"recognised: {shown}", markup=False)
+    else:  # a command a line, as the unknown ones below: so that it reads at 80 columns
+        ui.CONSOLES.out.print("recognised:", markup=False)
+        for s in data["recognised"]:
+            ui.CONSOLES.out.print(f"  - {s['command'] or s['tool']}", markup=False)
     for f in data["findings"]:
         ui.CONSOLES.out.print(f"{f['severity']:>8} {f['id']}: {f['message']}", markup=False)
         if f["evidence"]:

@@ -43,8 +43,8 @@ def guard_report(data: dict[str, Any]) -> None:
             console.print(f"  {node['error']}", markup=False)
             continue
         moving = len(node["upgrade"])
-        console.print(f"  next boot {node['next_kernel']}, driver {node['driver_after'] or 'none'}"
-                      f"; an upgrade would install {moving} package{'s' * (moving != 1)}", markup=False)
+        console.print(f"  next boot {node['next_kernel']}, driver {node['driver_after'] or 'none'}", markup=False)
+        console.print(f"  an upgrade would install {moving} package{'s' * (moving != 1)}", markup=False)
         for finding in node["findings"]:
             console.print(f"  [{STYLE[finding['severity']]}]{finding['severity']}[/] {finding['id']}: ", end="")
             console.print(finding["message"], markup=False)
@@ -67,23 +67,19 @@ def file_changes(node: str, changes: list[tuple[str, str]], shown: dict[str, str
                 console.print(f"    | {line}", markup=False)
 
 
-def _some(packages: list[str], shown: int = 2) -> str:
-    more = len(packages) - shown
-    return ", ".join(packages[:shown]) + (f" and {more} more" if more > 0 else "")
-
-
-def upgrade_plan(steps: list[UpgradeStep]) -> None:
+def upgrade_plan(steps: list[UpgradeStep], shown: int = 3) -> None:
     """Per node, before anything starts: what it installs, and whether (and why) it reboots."""
     console = CONSOLES.out
     for step in steps:
         count = len(step.packages)
+        what = f"{step.node}  {count} package{'s' * (count != 1)} to install"
         if not count:
             console.print(f"{step.node}  nothing to install: not upgraded, not rebooted", markup=False)
-            continue
-        what = f"{count} package{'s' * (count != 1)} to install"
-        if step.reboots:
-            console.print(f"{step.node}  {what}; then a reboot into kernel {step.next_kernel}, for "
-                          f"{_some(step.reboot_for)}", markup=False)
+        elif not step.reboots:
+            console.print(f"{what}; no reboot (no kernel, driver or firmware)", markup=False)
         else:
-            console.print(f"{step.node}  {what} ({_some(step.packages)}); no reboot: none is a kernel, "
-                          "a driver or firmware", markup=False)
+            console.print(f"{what}, then a reboot into kernel {step.next_kernel}", markup=False)
+            for i, name in enumerate(step.reboot_for[:shown]):
+                console.print(f"  {'which needs it for' if i == 0 else '':<18} {name}", markup=False)
+            if len(step.reboot_for) > shown:
+                console.print(f"  {'':<18} and {len(step.reboot_for) - shown} more", markup=False)

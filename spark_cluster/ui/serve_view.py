@@ -51,11 +51,11 @@ def ray_node_line(node: dict, inventory) -> None:  # noqa: ANN001 - Inventory
 
 
 def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
-    for name, node in data["nodes"].items():
+    for name, node in data["nodes"].items():  # two lines each, so that they read at 80 columns
         if node["reachable"]:
-            line = (f"reachable  memory {node['memory_used_gib']} GiB used, "
-                    f"{node['memory_available_gib']} GiB available  GPU {node['gpu_temperature_c']} C "
-                    f"{node['gpu_power_w']} W  links {' '.join(node['links'])}")
+            line = (f"reachable, {node['memory_used_gib']} GiB used, {node['memory_available_gib']} GiB available"
+                    f"\n{'':<11}GPU {node['gpu_temperature_c']} C {node['gpu_power_w']} W, "
+                    f"links {' '.join(node['links'])}")
         else:
             line = f"unreachable: {node['error']}"
         CONSOLES.out.print(Text(f"{name:<10} ", style="bold") + Text(line, style="green" if node["reachable"] else "red"))
@@ -131,8 +131,15 @@ def vllm_status(data: dict) -> None:
         CONSOLES.out.print(Text(f"  failed on {failure['node']}: {failure['cause']}\n  evidence: {failure['evidence']}"
                                 f"\n  log: {failure['log']} on {failure['node']}", style="red"))
     metrics = {**vllm["metrics"], **(vllm.get("throughput") or {})}
-    if metrics:
-        CONSOLES.out.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
+    line = ""
+    for pair in (f"{k} {v:,.0f}" if v == int(v) else f"{k} {v:g}" for k, v in metrics.items()):  # as many to a
+        # line as 80 columns hold
+        if line and len(line) + 2 + len(pair) > 80:
+            CONSOLES.out.print(line)
+            line = ""
+        line = f"{line}  {pair}" if line else f"  {pair}"
+    if line:
+        CONSOLES.out.print(line)
 
 
 def log_text(text: str) -> None:
