@@ -233,3 +233,152 @@ def test_diagnose(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         quoted = tuple(f["message"] for f in data["findings"]) + ("evidence:", "run:", "fix:")
         reads_at_80(lambda paste=paste: runner.invoke(main, ["diagnose", "--host-output", str(paste)]),
                     monkeypatch, quoted=quoted)
+
+
+# --------------------------------------------------------------------------- up
+
+def _progress(nodes: int = 2):
+    from test_load_view import LOADED, LOG, fed
+
+    progress = fed(LOG, at=10.0)
+    names = [f"spark-{chr(97 + i)}" for i in range(nodes)]
+    progress.memory_start_gib = {n: 3.7 for n in names}
+    progress.memory_gib = {n: 35.3 for n in names}
+    progress.expected_gib = 57.64
+    return fed(LOADED, progress, at=30.0), names
+
+
+@pytest.mark.parametrize("nodes", [2, 8])
+def test_up_while_it_loads_and_its_closing_summary(nodes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_load_view import LOG, fed
+
+    from spark_cluster.core.serve_plan import serve_plan
+    from spark_cluster.ui.load_view import LoadView
+    from spark_cluster.ui.serve_view import ready_summary
+
+    def lines() -> None:
+        progress = fed(LOG.replace("25% Completed | 2/8", "0% Completed | 0/8"), at=10.0)
+        names = [f"spark-{chr(97 + i)}" for i in range(nodes)]
+        view = LoadView(CONSOLES.out, names)
+        progress.memory_start_gib = {n: 3.7 for n in names}
+        progress.memory_gib = {n: 20.0 for n in names}
+        view.update(progress)
+        fed(LOG.splitlines()[-1] + "\n", progress, at=20.0)
+        view.update(progress)
+
+    shown = reads_at_80(lines, monkeypatch)
+    assert "shards 2/8 (25 %)  ETA 0:30" in shown and f"spark-{chr(96 + nodes)} +16.3 GiB" in shown
+    progress, names = _progress(nodes)
+    shown = reads_at_80(lambda: CONSOLES.out.print(LoadView(CONSOLES.out, names).render(progress)), monkeypatch)
+    assert "+31.6 of ~57.64 GiB resident" in shown
+    shown = reads_at_80(lambda: ready_summary(serve_plan(_sim()), progress), monkeypatch)
+    assert "ready: spark-lab/tiny-moe serves at http://10.117.0.11:8000/v1" in shown
+
+
+# --------------------------------------------------------------------------- validate, linktest, sync, fix
+
+def test_validate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.ui.nodes_view import inventory_summary
+
+    for name in ("sim.yaml", "lab.yaml", "sim-real.yaml"):
+        inventory = load_inventory_at(REPO / "inventories" / name)
+        reads_at_80(lambda inventory=inventory: CONSOLES.out.print(inventory_summary(inventory), markup=False),
+                    monkeypatch, quoted=(str(inventory.path),))
+
+
+def load_inventory_at(path: Path):  # noqa: ANN201
+    from spark_cluster.core.inventory import load_inventory
+
+    return load_inventory(path)
+
+
+def test_linktest(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.ui.link_view import linktest_event, linktest_report
+
+    data = json.loads((DATA / "views" / "linktest.json").read_text())
+
+    def view() -> None:
+        for event, fields in data["events"]:
+            linktest_event(event, **fields)
+        linktest_report(data["report"])
+
+    quoted = tuple(f["message"] for f in data["report"]["findings"]) + ("evidence:",)
+    shown = reads_at_80(view, monkeypatch, quoted=quoted)
+    assert "NET/IB" in shown and "link has findings" in shown
+
+
+def test_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.ui.link_view import SyncView
+
+    def view() -> None:
+        with SyncView() as sync:
+            for node in ("spark-a", "spark-b"):
+                sync.event("manifest", node=node, files=21, links=14, bytes=1_287_654_321, hashed_bytes=1_287_654_321,
+                           seconds=3.2, broken_links=["a", "b"] if node == "spark-b" else [])
+            sync.event("plan", source="spark-a", targets={"spark-b": {"files": 8, "links": 8, "bytes": 1_200_000_000,
+                                                                       "resumed_chunks": 12}})
+            sync.event("copy", node="spark-b", bytes=1_200_000_000)
+            sync.event("progress", node="spark-b", bytes=600_000_000, total=1_200_000_000, seconds=4.0)
+            sync.event("copied", node="spark-b", bytes=1_200_000_000, seconds=8.1, rate_mbs=148.1)
+            sync.event("synced", copied_bytes=1_200_000_000, seconds=11.4)
+
+    assert "every node identical" in reads_at_80(view, monkeypatch)
+
+
+def test_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.ui.check_view import fix_plan
+
+    plans = fix_plans()
+    quoted = tuple(step.shown_with(password=False) for plan in plans for step in plan.steps) + tuple(
+        step.skip_if for plan in plans for step in plan.steps if step.skip_if) + tuple(
+        plan.verify for plan in plans if plan.verify) + tuple(plan.playbook.title for plan in plans)
+    shown = reads_at_80(lambda: fix_plan(plans), monkeypatch, quoted=quoted)
+    assert "driver-repair" in shown and "link-mtu" in shown
+
+
+def fix_plans() -> list:
+    """The plans `fix --dry-run` shows for a kernel update without its modules and a rail at MTU 1500."""
+    from spark_cluster.core.checks.base import Finding, Severity, fix
+    from spark_cluster.ops.repair import plans_for
+
+    k18 = "6.17.0-1018-nvidia"
+    return plans_for([
+        Finding("driver.modules-missing", Severity.BLOCKER, "spark-b", "no NVIDIA kernel modules",
+                fix=fix("driver-repair", packages=f"linux-modules-nvidia-580-open-{k18} nvidia-driver-580-open")),
+        Finding("driver.modules-unloaded", Severity.BLOCKER, "spark-b", "nvidia_uvm is not loaded",
+                fix=fix("load-modules", modules="nvidia_uvm")),
+        Finding("link.mtu", Severity.BLOCKER, "spark-a", "enp1s0f1np1 is at MTU 1500",
+                fix=fix("link-mtu", interface="enp1s0f1np1", mtu="9000"))])
+
+
+# --------------------------------------------------------------------------- supervise and service
+
+def test_supervise_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.core.supervise_policy import record, render
+
+    entries = [record("serving", "sim", nodes=2, model="spark-lab/tiny-moe"),
+               record("restart", "sim", cause="engine-hang", node="spark-a", attempt=2, backoff_s=4.0,
+                      reason="no token for 31 s while 3 requests ran"),
+               record("memory-not-freed", "sim", node="spark-b", used_gib=61.4, baseline_gib=3.7),
+               record("metrics", "sim", url="http://127.0.0.1:9400/metrics")]
+    shown = reads_at_80(lambda: [print(render(e, False), file=CONSOLES.out.file) for e in entries], monkeypatch)
+    assert "restart" in shown
+
+
+
+def test_service_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.cli import cli
+    from spark_cluster.core.supervise_policy import record, render
+    from spark_cluster.ops import service
+
+    log = [render(record("serving", "sim", now=1764250000.0, nodes=2, model="spark-lab/tiny-moe"), True),
+           render(record("restart", "sim", now=1764250100.0, cause="engine-hang", node="spark-a",
+                         detail="no token for 31 s while 3 requests ran"), True)]
+    monkeypatch.setattr(service, "status", lambda inventory, user: {
+        "unit": "/etc/systemd/system/spark-cluster-supervise@sim.service", "installed": True,
+        "environment_file": "/etc/spark-cluster/sim.env", "environment_file_mode": "0o600", "ActiveState": "active",
+        "SubState": "running", "MainPID": "48213", "NRestarts": "0", "ExecMainStatus": "0",
+        "UnitFileState": "enabled", "log": log})
+    shown = reads_at_80(lambda: CliRunner().invoke(cli, ["service", "status", str(REPO / "inventories" / "sim.yaml")]),
+                        monkeypatch, quoted=tuple(log))
+    assert "ActiveState: active" in shown

@@ -90,12 +90,12 @@ def test_memory_not_freed_against_the_baseline() -> None:
     assert not memory_not_freed(None, 119.7, 5.0)
 
 
-def test_log_record_is_one_line_either_way() -> None:
+def test_log_record_is_a_json_line_or_for_people_folded_at_80_columns() -> None:
     entry = record("restart", "sim", now=0.5, cause="engine-hang", detail="no token for 31 s", node=None)
     assert json.loads(render(entry, True)) == {"time": "1970-01-01T00:00:00.500Z", "cluster": "sim",
                                                "event": "restart", "cause": "engine-hang",
                                                "detail": "no token for 31 s"}
-    assert render(entry, False) == '1970-01-01T00:00:00.500Z sim restart cause=engine-hang detail="no token for 31 s"'
+    assert render(entry, False) == '1970-01-01T00:00:00.500Z sim restart cause=engine-hang\n    detail="no token for 31 s"'
 
 
 def test_probe_answer() -> None:

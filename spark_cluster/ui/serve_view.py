@@ -94,23 +94,28 @@ def forward_hint(plan) -> None:  # noqa: ANN001 - ServePlan
 
 
 def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, follow.Progress
+    """up's closing lines, each within 80 columns (the command to try folded as a shell folds it)."""
+    from spark_cluster.ui.load_view import packed
+
     state = progress.state
     # Some builds (vLLM's CPU build) log no "Model loading took … GiB": say so, not "?".
     gib = ", ".join(f"{g:g}" for g in state.weights_gib) + " GiB" if state.weights_gib else "not in the log"
-    CONSOLES.out.print(Text("ready", style="bold green") + Text(
-        f": {plan.served_model_name} serves at {plan.endpoint} after {progress.elapsed:.1f} s"))
-    CONSOLES.out.print(f"  weights per rank: {gib}; shards {state.shards_loaded}/{state.shards_total}"
-                       + (f"; load {state.load_seconds:.1f} s" if state.load_seconds else ""))
+    CONSOLES.out.print(Text("ready", style="bold green") + Text(f": {plan.served_model_name} serves at {plan.endpoint}"))
+    CONSOLES.out.print(f"  after {progress.elapsed:.1f} s; shards {state.shards_loaded}/{state.shards_total}"
+                       + (f", loaded in {state.load_seconds:.1f} s" if state.load_seconds else ""))
+    CONSOLES.out.print(f"  weights per rank: {gib}")
     resident = progress.resident_gib()
     for node, used in progress.memory_gib.items():
         loaded = progress.loaded_gib.get(node)
-        CONSOLES.out.print(f"  {node}: {used:.1f} GiB of memory in use (+{resident.get(node, 0.0):.1f} GiB since "
-                         f"the start)" + (f", {loaded:g} GiB of weights" if loaded is not None else ""))
-    CONSOLES.out.print("  phases: " + ", ".join(f"{phase} {took:.1f} s" for phase, took in progress.durations()))
+        CONSOLES.out.print(f"  {node}: {used:.1f} GiB in use, +{resident.get(node, 0.0):.1f} GiB since the start"
+                           + (f", {loaded:g} GiB of weights" if loaded is not None else ""))
+    for line in packed("  phases:", [f"{phase} {took:.1f} s" for phase, took in progress.durations()], 10):
+        CONSOLES.out.print(line, markup=False, highlight=False)
     forward_hint(plan)
-    CONSOLES.out.print(f"  try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
-                       f"-d '{{\"model\": \"{plan.served_model_name}\", \"messages\": "
-                       f"[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    body = (f"'{{\"model\": \"{plan.served_model_name}\",\n"
+            f"{'':13}\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    CONSOLES.out.print(f"  try: curl {plan.endpoint}/chat/completions \\\n"
+                       f"{'':9}-H 'Content-Type: application/json' \\\n{'':9}-d {body}", markup=False, highlight=False)
 
 
 def vllm_status(data: dict) -> None:
