@@ -95,7 +95,7 @@ def mount_points(mountinfo: str) -> set[str]:
     return points
 
 
-def _empty(directory: Path) -> None:
+def empty_tmp(directory: Path) -> None:
     """A reboot's empty /tmp. A mount point in it is this machine's code bound back (a clone or
     a virtualenv under /tmp, node_setup): removing its files would remove them here too. A bind
     mount on the same filesystem has its parent's device, so the mount table says which they are."""
@@ -152,7 +152,7 @@ def _free_ended(root: Path) -> None:
 PROCESSES_STEP_KIB = 16 * 1024  # a change smaller than this is not written (the state is shared under a lock)
 
 
-def _follow_processes(root: Path) -> None:
+def follow_processes(root: Path) -> None:
     """Show in the node's meminfo what its real processes hold now (a real vLLM's weights and KV
     cache, Ray, sshd): PID 1 sees the node's /proc and /dev/shm, so it measures them."""
     from spark_cluster_lab.consumers import held_kib
@@ -180,7 +180,7 @@ def _reap_and_free(root: Path) -> None:
         if pid == 0:
             break
     _free_ended(root)
-    _follow_processes(root)
+    follow_processes(root)
 
 
 def main(argv: list[str]) -> int:
@@ -191,7 +191,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGUSR1, _raise(_Reboot))
         try:
             if not first:
-                _empty(Path("/tmp"))
+                empty_tmp(Path("/tmp"))
                 _boot_state(root)
             new_boot_id(root)
             first = False

@@ -382,3 +382,16 @@ def test_service_status(monkeypatch: pytest.MonkeyPatch) -> None:
     shown = reads_at_80(lambda: CliRunner().invoke(cli, ["service", "status", str(REPO / "inventories" / "sim.yaml")]),
                         monkeypatch, quoted=tuple(log))
     assert "ActiveState: active" in shown
+
+
+def test_lab_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster_lab.cli import print_status
+    from spark_cluster_lab.report import NodeReport
+
+    failed = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running."  # noqa: E501
+    reports = [NodeReport("spark-a", "10.117.0.11", True, True, "ok", "spark-a", "6.17.0-1014-nvidia",
+                          "NVIDIA GB10, 580.95.05", ()),
+               NodeReport("spark-b", "10.117.0.12", True, True, "ok", "spark-b", "6.17.0-1018-nvidia", failed,
+                          ("kernel-update", "mtu", "memory-hog"))]
+    shown = reads_at_80(lambda: print_status(reports, False), monkeypatch, quoted=(failed,))
+    assert "kernel-update, mtu, memory-hog" in shown

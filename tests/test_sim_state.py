@@ -300,8 +300,8 @@ def test_code_under_tmp_and_var_tmp_is_bound_back(monkeypatch: pytest.MonkeyPatc
     from spark_cluster_lab import node_setup
 
     places = [Path("/var/tmp/venv-x"), Path("/tmp/clone/repo"), Path("/usr"), Path("/var/tmpx/y")]
-    monkeypatch.setattr(node_setup, "_code_places", lambda: places)
-    assert node_setup._code_under_tmp() == [Path("/tmp/clone"), Path("/var/tmp/venv-x")]
+    monkeypatch.setattr(node_setup, "code_places", lambda: places)
+    assert node_setup.code_under_tmp() == [Path("/tmp/clone"), Path("/var/tmp/venv-x")]
 
 
 def test_a_reboot_empties_tmp_but_what_is_mounted_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -320,7 +320,7 @@ def test_a_reboot_empties_tmp_but_what_is_mounted_in_it(tmp_path: Path, monkeypa
     real_read = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: table if str(self) == "/proc/self/mountinfo"
                         else real_read(self, *a, **k))
-    node_init._empty(tmp_path)
+    node_init.empty_tmp(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bound", "holds-a-mount"]
     assert (tmp_path / "bound" / "bin" / "python").read_text() == "kept"
 
@@ -345,15 +345,15 @@ def test_the_nodes_init_shows_what_its_real_processes_hold(paths: NodePaths, mon
     """A real vLLM records nothing: the node's init measures its processes and the node's meminfo
     falls by what they hold, as a Spark's does; a change under 16 MiB is not written."""
     from spark_cluster_lab import consumers
-    from spark_cluster_lab.node_init import _follow_processes
+    from spark_cluster_lab.node_init import follow_processes
 
     before = meminfo(paths)["MemAvailable"]
     monkeypatch.setattr(consumers, "held_kib", lambda: 3 * 2**20)  # 3 GiB: a real engine's ranks
-    _follow_processes(paths.root)
+    follow_processes(paths.root)
     assert meminfo(paths)["MemAvailable"] == before - 3 * 2**20
     monkeypatch.setattr(consumers, "held_kib", lambda: 3 * 2**20 + 2**10)
-    _follow_processes(paths.root)
+    follow_processes(paths.root)
     assert meminfo(paths)["MemAvailable"] == before - 3 * 2**20
     monkeypatch.setattr(consumers, "held_kib", lambda: 2**10)  # the engine stopped
-    _follow_processes(paths.root)
+    follow_processes(paths.root)
     assert meminfo(paths)["MemAvailable"] == before - 2**10
