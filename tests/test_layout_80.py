@@ -283,7 +283,7 @@ def test_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("sim.yaml", "lab.yaml", "sim-real.yaml"):
         inventory = load_inventory_at(REPO / "inventories" / name)
         reads_at_80(lambda inventory=inventory: CONSOLES.out.print(inventory_summary(inventory), markup=False),
-                    monkeypatch, quoted=(str(inventory.path),))
+                    monkeypatch, quoted=(f"{inventory.path}: valid",))  # the user's path, whole
 
 
 def load_inventory_at(path: Path):  # noqa: ANN201
