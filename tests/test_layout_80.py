@@ -1,7 +1,8 @@
-"""Every command's tables and summary lines read at 80 columns (a pipe, a small terminal, CI):
-rendered with no lab, from the figures each command's --json gives (tests/data/views/*.json,
-written in that shape; vLLM's recorded logs and pasted host outputs for `diagnose`), no word is cut (no "…"), no table cell wraps (a number parted
-from its unit, one cell's words among another's), and every line we lay out fits in 80 columns.
+"""Every command's tables and summary lines read at 80 columns (a pipe, a small terminal, CI).
+Rendered with no lab, from figures in the shape each command's --json gives them
+(tests/data/views/*.json; vLLM's recorded logs and pasted host outputs for `diagnose`): no word
+is cut (no "…"), no table cell wraps (a number parted from its unit, one cell's words among
+another's), and every line we lay out fits in 80 columns.
 A line may run longer only to quote a text whole (a finding's message, a command to copy, an
 error a node gave): a terminal folds it, its words are the same.
 
