@@ -27,7 +27,8 @@ def venv() -> Iterator[Path]:
     """A virtualenv under /var/tmp that finds this checkout and the packages of the one running."""
     where = Path(tempfile.mkdtemp(prefix="spark-lab-venv-", dir="/var/tmp"))
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+        # as .venv is made: the base Python's packages (numpy) seen too
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(where)], check=True)
         site = Path(subprocess.run([str(where / "bin" / "python"), "-c", "import sysconfig; "
                                     "print(sysconfig.get_paths()['purelib'])"],
                                    capture_output=True, text=True, check=True).stdout.strip())
