@@ -84,7 +84,7 @@ def lab_status(as_json: bool) -> int:
     if current is None:
         raise SparkClusterError("no lab is up\n  hint: spark-cluster lab up")
     reports = lab_report(current)
-    _print_status(reports, as_json)
+    print_status(reports, as_json)
     return 0 if all(r.healthy for r in reports) else 1
 
 
@@ -147,14 +147,17 @@ def _current_lab(simlab):  # noqa: ANN001, ANN202 - the lazily imported module
     return current
 
 
-def _print_status(reports: Sequence, as_json: bool) -> None:
+def print_status(reports: Sequence, as_json: bool) -> None:
+    """A node a row (at 80 columns: nvidia-smi's answer, its own words, goes under it)."""
     if as_json:
         ui.CONSOLES.out.out(json.dumps([r.as_dict() for r in reports], indent=2))
         return
-    header = ("node", "address", "ssh", "kernel", "faults", "nvidia-smi")
-    rows = [(r.name, r.address, r.ssh, r.kernel, ", ".join(r.faults) or "-", r.gpu) for r in reports]
+    header = ("node", "address", "ssh", "kernel", "faults")
+    rows = [(r.name, r.address, r.ssh, r.kernel, ", ".join(r.faults) or "-") for r in reports]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
-    for n, row in enumerate([header, *rows]):
+    ui.CONSOLES.out.print(Text("  ".join([c.ljust(w) for c, w in zip(header, widths)] + [header[-1]]), style="bold"))
+    for report, row in zip(reports, rows):
         cells = [cell.ljust(width) for cell, width in zip(row, widths)] + [row[-1]]
-        style = "bold" if n == 0 else ("green" if row[2] == "ok" else "red")
-        ui.CONSOLES.out.print(Text("  ".join(cells), style=style))
+        ui.CONSOLES.out.print(Text("  ".join(cells), style="green" if report.ssh == "ok" else "red"))
+        if report.gpu:
+            ui.CONSOLES.out.print(Text(f"  nvidia-smi: {report.gpu}"))

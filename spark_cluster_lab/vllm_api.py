@@ -5,7 +5,7 @@
 vLLM 0.19/0.33 serve, with vLLM's shapes and codes:
 
     GET  /health, GET|POST /ping   200 with an empty body; 503 once `server.engine.dead` is set
-    GET  /version                  {"version": "0.19.0"}
+    GET  /version                  {"version": "0.33.0"} (the version the double emulates)
     GET  /load                     {"server_load": N}: requests from arrival to last byte, with
                                    `load_tracking` (--enable-server-load-tracking), else 0
     GET  /v1/models                the model card list
@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from spark_cluster_lab.vllm_args import VERSION
 from spark_cluster_lab.vllm_metrics import Metrics, StatLogger
 from spark_cluster_lab.vllm_rate import SEED_003_POINTS, TokenRate, filler_words
 from spark_cluster_lab.vllm_requests import ApiError, bad, limits, prompt_of
@@ -348,7 +349,7 @@ def serve_api(
     max_num_seqs: int = 256,
     kv_cache_tokens: int | None = None,
     answer_tokens: int = 16,
-    version: str = "0.19.0",
+    version: str = VERSION,
     error_style: Literal["nested", "flat"] = "nested",
     stats_log: Callable[[str], None] | None = None,
     stats_interval: float = 10.0,

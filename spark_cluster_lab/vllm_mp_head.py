@@ -211,9 +211,9 @@ class MpExecutor:
                     self._died_line(r.ranks[0])
                     vl.log("ERROR", "core.py:1013", "EngineCore encountered a fatal error.")
                     vl.PREFIX.local.name = "APIServer"
-                    vl.log("ERROR", "async_llm.py:486", "AsyncLLM output_handler failed.")
-                    vl.fatal_traceback(EngineDeadError(
-                        "EngineCore encountered an issue. See stack trace (above) for the root cause."))
+                    vl.fatal_traceback(EngineDeadError(  # logger.exception
+                        "EngineCore encountered an issue. See stack trace (above) for the root cause."),
+                        "async_llm.py:486", "AsyncLLM output_handler failed.")
                     if self.on_dead is not None:
                         self.on_dead()
                     return

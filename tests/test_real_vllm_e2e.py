@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -97,6 +98,20 @@ def test_emulator_and_real_vllm_give_the_tracker_the_same_start(real: Path) -> N
     assert got == {"phases": ["engine-args", "workers", "weights", "kv-cache", "api-server", "ready"],
                    "shards": (8, 8), "end": "ready"}, got
     assert sequence(emu_events) == got
+    # Each node's memory grew by what its vLLM processes hold (the lab's meminfo follows the real
+    # processes, as a Spark's does): their anonymous resident memory and the node's /dev/shm.
+    grown = real_events[-1]["resident_gib"]
+    for node in ("spark-a", "spark-b"):
+        held = held_by_vllm(real, node)
+        assert held > 0.2 and abs(grown[node] - held) <= 0.1 * held, (node, grown[node], held)
+
+
+def held_by_vllm(inventory: Path, node: str) -> float:
+    """GiB the node's vLLM processes hold that no file backs (RssAnon), and its /dev/shm."""
+    out = on(inventory, node, "for p in $(pgrep -f '[vV][lL][lL][mM]'); do "
+                              "awk '/^RssAnon:/ {print $2}' /proc/$p/status; done; "
+                              "df -k --output=used /dev/shm | tail -n 1")
+    return sum(int(word) for word in out.split("\n", 1)[1].split()) / 2**20  # after exec's header line
 
 
 @pytest.fixture
@@ -149,6 +164,20 @@ def test_status_bench_and_logs_read_the_real_server(serving: Path) -> None:
     status = cli("status", str(real), "--json")
     report = json.loads(status.stdout)
     assert status.returncode == 0 and report["healthy"] is True, status.stdout
+    for node in ("spark-a", "spark-b"):  # what the engine holds is in use, beside the node's 3.7 GiB at rest
+        assert report["nodes"][node]["memory_used_gib"] >= 3.6 + 0.9 * held_by_vllm(real, node), report["nodes"]
+    # supervise re-serves the real engine's /metrics under names promtool's lint accepts
+    from prometheus_client import generate_latest
+
+    from spark_cluster.ops.metrics import Board, parse_vllm, registry_for
+
+    with urllib.request.urlopen(f"{HEAD}/metrics", timeout=10) as response:
+        page = response.read().decode()
+    assert "vllm:iteration_tokens_total_bucket{" in page
+    board = Board("sim-real", "spark-a", phase="serving", vllm=parse_vllm(page))
+    promtool = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(registry_for(board)),
+                              capture_output=True)
+    assert promtool.returncode == 0, promtool.stdout + promtool.stderr
     assert report["vllm"]["model"] == MODEL and report["vllm"]["metrics"]["generation_tokens_total"] > 0
     bench = cli("bench", str(real), "-c", "1,2", "--max-tokens", "16", "--json", timeout=300)
     assert bench.returncode == 0, bench.stdout + bench.stderr

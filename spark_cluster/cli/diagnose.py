@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 
@@ -58,14 +59,18 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
                              ("shards", shards), ("load time", load), ("weights", gib),
                              ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
             ui.CONSOLES.out.print(f"{label:>9}: {value}", markup=False)
+        said = []
         if data["inferred"]:
-            ui.CONSOLES.out.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
-                                  f"so the server is taken for dead (inferred)", markup=False)
+            said.append(("note", f"no error line; the log has not grown for {idle / 60:.0f} min, so the server "
+                                 "is taken for dead (inferred)"))
         if data["shm_waits"]:
-            ui.CONSOLES.out.print(f"     note: the engine waited on its workers {data['shm_waits']} minute(s) in a "
-                                  f"row at the end (last at {data['shm_last'] or '?'})", markup=False)
+            said.append(("note", f"the engine waited on its workers {data['shm_waits']} minute(s) in a row at the "
+                                 f"end (last at {data['shm_last'] or '?'})"))
         if data["next_step"]:
-            ui.CONSOLES.out.print(f"next step: {data['next_step']}", markup=False)
+            said.append(("next step", data["next_step"]))
+        for label, text in said:  # folded at words under its label, so that it reads at 80 columns
+            ui.CONSOLES.out.print(textwrap.fill(text, 80, initial_indent=f"{label:>9}: ", subsequent_indent=" " * 11,
+                                                break_long_words=False, break_on_hyphens=False), markup=False)
     return 1 if data["outcome"] in NOT_OK else 0
 
 
@@ -84,7 +89,12 @@ def _diagnose_host(path: Path, as_json: bool) -> int:
         ui.CONSOLES.out.out(dumps(data))
         return 0 if data["ok"] else 1
     shown = ", ".join(s["command"] or s["tool"] for s in data["recognised"])
-    ui.CONSOLES.out.print(f"recognised: {shown}", markup=False)
+    if len(shown) <= 68:
+        ui.CONSOLES.out.print(f"recognised: {shown}", markup=False)
+    else:  # a command a line, as the unknown ones below: so that it reads at 80 columns
+        ui.CONSOLES.out.print("recognised:", markup=False)
+        for s in data["recognised"]:
+            ui.CONSOLES.out.print(f"  - {s['command'] or s['tool']}", markup=False)
     for f in data["findings"]:
         ui.CONSOLES.out.print(f"{f['severity']:>8} {f['id']}: {f['message']}", markup=False)
         if f["evidence"]:

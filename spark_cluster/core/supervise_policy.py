@@ -133,12 +133,17 @@ def record(event: str, cluster: str, now: float | None = None, **fields: object)
             "cluster": cluster, "event": event, **{k: v for k, v in fields.items() if v is not None}}
 
 
-def render(entry: dict[str, object], as_json: bool) -> str:
-    """One line: JSON (journald and log shippers), or `time event key=value ...` for people."""
+def render(entry: dict[str, object], as_json: bool, width: int = 80) -> str:
+    """One line of JSON (journald and log shippers), or for people `time cluster event key=value
+    ...`, the pairs that pass `width` columns folded onto lines indented under it."""
     if as_json:
         return json.dumps(entry, separators=(",", ":"), default=str)
-    rest = " ".join(f"{k}={_word(v)}" for k, v in entry.items() if k not in ("time", "cluster", "event"))
-    return f"{entry['time']} {entry['cluster']} {entry['event']}" + (f" {rest}" if rest else "")
+    lines = [f"{entry['time']} {entry['cluster']} {entry['event']}"]
+    for pair in (f"{k}={_word(v)}" for k, v in entry.items() if k not in ("time", "cluster", "event")):
+        if len(lines[-1]) + 1 + len(pair) > width and lines[-1].strip():
+            lines.append("   ")
+        lines[-1] += f" {pair}"
+    return "\n".join(lines)
 
 
 def _word(value: object) -> str:
