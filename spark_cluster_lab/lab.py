@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from spark_cluster_lab.checkpoint import write_checkpoint
 from spark_cluster_lab.consumers import pid_namespace
 from spark_cluster_lab.lab_inventory import write_inventory
 from spark_cluster_lab.layout import LAB_ROOT, NodePaths
-from spark_cluster_lab.login_user import SUDO_PASSWORD_FILE, free_ids, password_hash
+from spark_cluster_lab.login_user import LOGIN_USER, SUDO_PASSWORD_FILE, LoginIds, free_ids, password_hash
 from spark_cluster_lab.node_init import DEFAULT_REBOOT_S, REBOOT_SECONDS
 from spark_cluster_lab.node_python import write_python
 from spark_cluster_lab.node_setup import CACHE_SIZE, INFINIBAND, SSHD, keygen, prepare_node, start_sshd
@@ -231,6 +232,8 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
                 state["identity"]["pidns"] = pid_namespace(node.sshd_pid)
         _node_images(lab, seed, timeout_s)
         _write_known_hosts(lab)
+        for node in nodes:
+            _require_python(node, lab_root)
         if inventory_out is not None:
             write_inventory(inventory_out, lab_root, names, engine)
         return lab, True
@@ -260,6 +263,27 @@ def _node_images(lab: Lab, seed: image_store.Seed, timeout_s: float) -> None:
     with ThreadPoolExecutor(max_workers=len(lab.nodes)) as pool:
         for done in [pool.submit(ready, node) for node in lab.nodes]:
             done.result()
+
+
+def _require_python(node: LabNode, lab_root: Path) -> None:
+    """The node's login user runs the lab's Python (the stand-ins, the emulator, Ray): refused
+    here with the reason, not found later by `check` as runtime.python-missing without one."""
+    ids = LoginIds(**json.loads((node.paths.root / "login.json").read_text()))
+    command = ["nsenter", "--target", str(node.sshd_pid), "--mount", "--uts", "--ipc", "--net", "--pid",
+               "--setgid", str(ids.gid), "--setuid", str(ids.uid), "--",
+               str(lab_root / "python"), "-c", "import spark_cluster_lab.node_python"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"{node.name}: the lab's Python ({sys.executable}) did not answer in 60 s") from None
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise LabError(f"{node.name}: the node's login user cannot run the lab's Python ({sys.executable}, "
+                       f"its packages in {sys.prefix}): {said}\n  hint: each node has its own /tmp, /var/tmp and /root, "
+                       "into which the lab binds back only the checkout and the environment it runs from; the "
+                       f"login user {LOGIN_USER} must be able to read them. Make the virtualenv where every "
+                       "user may read it (e.g. `python3 -m venv /opt/spark-cluster-venv`) and run `lab up` "
+                       "from it")
 
 
 def set_reboot_seconds(lab: Lab, seconds: float) -> None:
