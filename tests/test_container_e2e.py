@@ -21,11 +21,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, REPO, cli, on_node
 
 from spark_cluster_lab import engine as engines
 from spark_cluster_lab import image_store
-from spark_cluster_lab.lab_inventory import render_inventory
 from spark_cluster_lab.layout import LAB_ROOT
 
 pytestmark = LAB_MARKS
@@ -38,41 +37,35 @@ KEY_HEAD, KEY_TAIL = "sk-box-", "7a3c9e1f5b2d8046"
 RAY_TOKEN = "~/.cache/spark-cluster/sim/ray_auth_token"
 
 
-def _root_network() -> dict[str, str]:
-    """This machine's own networking, which no lab engine may touch."""
-    said = {}
-    for name, argv in (("links", ["ip", "-o", "link"]), ("routes", ["ip", "route"]),
-                       ("iptables", ["iptables-save"]), ("ip6tables", ["ip6tables-save"])):
+def _root_network_untouched() -> list[str]:
+    """What a lab engine would have changed in this machine's own networking (none may): Docker's
+    chains in its iptables rules, a bridge of Docker's among its links."""
+    said = []
+    for argv in (["iptables-save"], ["ip6tables-save"]):
         done = subprocess.run(argv, capture_output=True, text=True)
-        lines = [line for line in done.stdout.splitlines() if not line.startswith("#")]
-        if name == "links":  # the lab's own bridge and veths come and go with it
-            lines = [line for line in lines if "sclab" not in line]
-        said[name] = "\n".join(lines)
+        said += [f"{argv[0]}: {line}" for line in done.stdout.splitlines() if "DOCKER" in line]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+    said += [f"link: {line}" for line in links if " docker0:" in line or " br-" in line]
     return said
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    before = _root_network()
-    for inventory in fresh_lab(tmp_path_factory):
-        yield inventory, before
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def boxed(lab: Path, tmp_path: Path, *, image: str = EMULATOR_IMAGE, real: bool = False) -> Path:
-    """The lab's inventory in the container runtime."""
+    """The lab's inventory in the container runtime, its Python left out: the image's is used."""
     text = lab.read_text()
-    if real:  # the lab's inventory for the real engine, its Python left out: the image's is used
-        text = render_inventory(LAB_ROOT, list(NODES), "real").replace(f"  python: {engines.real_python()}\n", "")
-    else:
-        text = text.replace(f"  python: {LAB_ROOT / 'python'}\n", "")
+    text = text.replace(f"  python: {engines.real_python() if real else LAB_ROOT / 'python'}\n", "")
     text = text.replace("  runtime: host\n", f"  runtime: container\n  image: {image}\n")
     path = tmp_path / f"boxed-{'real' if real else 'emulator'}.yaml"
     path.write_text(text)
     return path
 
 
-def test_every_node_runs_a_docker_engine_of_its_own_and_the_machine_is_untouched(lab) -> None:
-    inventory, before = lab
+def test_every_node_runs_a_docker_engine_of_its_own_and_the_machine_is_untouched(lab: Path) -> None:
+    inventory = lab
     daemon = subprocess.run(["/usr/sbin/dockerd", "--version"], capture_output=True, text=True).stdout
     roots = set()
     for node in NODES:
@@ -90,10 +83,10 @@ def test_every_node_runs_a_docker_engine_of_its_own_and_the_machine_is_untouched
         assert EMULATOR_IMAGE in lines[3:] and NEVER_BUILT not in lines[3:]
     assert len(roots) == 2
     # No dockerd in this machine's own network namespace, and its links, routes and rules as they were.
-    host_net = os.readlink("/proc/1/ns/net")
+    host_net = os.readlink("/proc/self/ns/net")  # the test runs in this machine's own
     engines_here = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
     assert len(engines_here) == 2 and all(os.readlink(f"/proc/{p}/ns/net") != host_net for p in engines_here)
-    assert _root_network() == before
+    assert _root_network_untouched() == []
 
 
 class Supervise:
@@ -144,9 +137,8 @@ def _secrets_shown(inventory: Path, node: str) -> list[str]:
     return found.stdout.splitlines()[1:-1]
 
 
-def test_the_emulator_with_ray_in_the_container_is_secret_free_supervised_and_removed(lab, tmp_path: Path) -> None:
-    inventory, _ = lab
-    path = boxed(inventory, tmp_path)
+def test_the_emulator_with_ray_in_the_container_is_secret_free_supervised_and_removed(lab: Path, tmp_path: Path) -> None:
+    path = boxed(lab, tmp_path)
     text = path.read_text()
     env_line = "  env: {SPARK_LAB_LOAD_MBPS: '0.5', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}\n"
     assert env_line in text
@@ -190,9 +182,8 @@ def test_the_emulator_with_ray_in_the_container_is_secret_free_supervised_and_re
 
 @pytest.mark.real_vllm
 @pytest.mark.skipif(engines.real_missing() is not None, reason=engines.real_missing() or "")
-def test_the_real_vllm_serves_with_mp_in_its_image(lab, tmp_path: Path) -> None:
-    inventory, _ = lab
-    path = boxed(inventory, tmp_path, image=REAL_IMAGE, real=True)
+def test_the_real_vllm_serves_with_mp_in_its_image(real_inventory: Path, tmp_path: Path) -> None:
+    path = boxed(real_inventory, tmp_path, image=REAL_IMAGE, real=True)
     done = cli("up", str(path), timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "container started on spark-a, spark-b" in done.stdout and "ready: spark-lab/tiny-moe serves" in done.stdout
@@ -212,9 +203,8 @@ def test_the_real_vllm_serves_with_mp_in_its_image(lab, tmp_path: Path) -> None:
         assert on_node(path, node, "docker ps -aq | wc -l").stdout.splitlines()[-1] == "0"
 
 
-def test_an_image_never_built_is_missing_and_docker_says_why_it_cannot_pull_it(lab, tmp_path: Path) -> None:
-    inventory, _ = lab
-    path = boxed(inventory, tmp_path, image=NEVER_BUILT)
+def test_an_image_never_built_is_missing_and_docker_says_why_it_cannot_pull_it(lab: Path, tmp_path: Path) -> None:
+    path = boxed(lab, tmp_path, image=NEVER_BUILT)
     checked = cli("check", str(path), "--json")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     found = sorted((f["node"], f["id"]) for f in json.loads(checked.stdout)["findings"] if f["severity"] == "blocker")
