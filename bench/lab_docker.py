@@ -1,6 +1,7 @@
 """What a real Docker engine per lab node costs, beside the docker stand-ins it replaced.
 
     flock /tmp/spark-lab.lock .venv/bin/python bench/lab_docker.py [--baseline /work/main] [--runs N]
+    .venv/bin/python bench/lab_docker.py --image-only [--nodes N]    # step 1 alone: no lab, no lock
 
 1. The lab's image from nothing, in a scratch DOCKER_ROOT (removed after): the runtime layer
    built and imported into a seed data root, then N nodes' data roots made from it (the layers'
@@ -113,11 +114,14 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, default=Path("/work/main"), help="a checkout with its .venv")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=2, help="data roots made in step 1")
+    parser.add_argument("--image-only", action="store_true", help="step 1 only (no lab: needs no lab lock)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (the lab)", file=sys.stderr)
         return 2
     image_from_nothing(args.nodes)
+    if args.image_only:
+        return 0
     contenders = {"real Docker (this checkout)": REPO, f"stand-ins ({args.baseline})": args.baseline}
     figures: dict[str, dict[str, list[float]]] = {name: {} for name in contenders}
     with tempfile.TemporaryDirectory() as work:

@@ -11,7 +11,8 @@ Two layers, as a real image has layers:
 - the lab's code (`code_entries`): spark_cluster, spark_cluster_lab and the `vllm` module that is
   the emulator, a few MB, keyed by their bytes (`code_key`): a change of the code rebuilds only it.
 
-The files go into a tar stream (`write_tar`) that `docker import` and `docker build` read.
+The files go into a tar stream (GNU tar for the runtime, `write_tar` for the code) that `docker
+import` and `docker load` read (image_store).
 """
 
 from __future__ import annotations

