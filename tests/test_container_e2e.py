@@ -149,6 +149,8 @@ def test_the_emulator_with_ray_in_the_container_is_secret_free_supervised_and_re
     sup = Supervise(path, key)
     try:
         sup.wait_for("serving", 300)
+        status = cli("status", str(path), "--json", env=key)
+        assert status.returncode == 0 and json.loads(status.stdout)["vllm"]["healthy"] is True, status.stdout
         for node in NODES:
             assert _secrets_shown(path, node) == [], node
             # A real engine's view of the container: the GPUs asked for, the node's network and IPC.
