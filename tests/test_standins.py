@@ -545,6 +545,27 @@ def test_runc_lowers_only_the_limits_this_machine_cannot_raise() -> None:
     assert stack["hard"] == (67108864 if stack_hard == resource.RLIM_INFINITY else min(67108864, stack_hard))
 
 
+def test_runc_lowers_an_execs_limits_in_its_process_spec_too(tmp_path: Path) -> None:
+    """`docker exec` runs `runc exec --process FILE`: the container's limits again, at the top of
+    that file (no "process" key); unreadable files are left to runc to name."""
+    import resource
+
+    from spark_cluster_lab.standins.runc import _clamp_file, _option
+
+    assert _option(["--detach", "--process", "/p.json", "id"], ("--process", "-p")) == "/p.json"
+    assert _option(["--process=/q.json", "id"], ("--process", "-p")) == "/q.json"
+    assert _option(["id"], ("--process", "-p")) is None
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    process = tmp_path / "process.json"
+    process.write_text(json.dumps({"args": ["bash"], "rlimits": [
+        {"type": "RLIMIT_MEMLOCK", "hard": 2**64 - 1, "soft": 2**64 - 1}]}))
+    _clamp_file(str(process), wrapped=False)
+    memlock = json.loads(process.read_text())["rlimits"][0]
+    assert memlock["hard"] == (2**64 - 1 if hard == resource.RLIM_INFINITY else hard)
+    assert json.loads(process.read_text())["args"] == ["bash"]
+    _clamp_file(str(tmp_path / "missing.json"), wrapped=False)  # no exception: runc says it
+
+
 # --- start-up time -----------------------------------------------------------------------------
 
 @pytest.mark.perf

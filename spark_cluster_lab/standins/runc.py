@@ -2,10 +2,12 @@
 machine cannot do what a Spark does.
 
 A container asks for its limits (`docker run --ulimit memlock=-1`, what spark-cluster passes for
-RDMA's pinned memory) and runc sets them as root. On a Spark, root may raise a hard limit; here,
+RDMA's pinned memory) and runc sets them as root, for the container and for each `docker exec`
+in it. On a Spark, root may raise a hard limit; here,
 where this machine's root lacks CAP_SYS_RESOURCE (a sandbox's bounding set), the kernel refuses
 and runc fails the container ("error setting rlimit type 8: operation not permitted"). So before
-`runc create` the limits in the container's OCI config are lowered to the hard limits this
+`runc create` (and `runc exec`) the limits in the container's OCI config (the exec's process
+spec) are lowered to the hard limits this
 process has, and only where it could not raise them: `docker inspect` still shows what was asked.
 """
 
@@ -60,24 +62,39 @@ def clamp_limits(config: dict) -> list[str]:
     return lowered
 
 
+def _option(rest: list[str], names: tuple[str, ...]) -> str | None:
+    for i, arg in enumerate(rest):
+        if arg in names and i + 1 < len(rest):
+            return rest[i + 1]
+        for name in names:
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _clamp_file(path: str, wrapped: bool) -> None:
+    """Clamp the limits of a bundle's config.json (`wrapped`: under "process") or of an exec's
+    process.json, in place."""
+    try:
+        with open(path) as f:
+            config = json.load(f)
+        lowered = clamp_limits(config if wrapped else {"process": config})
+        if lowered:
+            with open(path + ".spark-lab", "w") as f:
+                json.dump(config, f)
+            os.replace(path + ".spark-lab", path)
+    except (OSError, ValueError):
+        pass  # runc says what is wrong with it
+
+
 def runc(ctx: Ctx, argv: list[str]) -> int:
     command, rest = _command(argv)
-    if command in ("create", "run") and not _may_raise_limits():
-        bundle = "."
-        for i, arg in enumerate(rest):
-            if arg in ("--bundle", "-b") and i + 1 < len(rest):
-                bundle = rest[i + 1]
-            elif arg.startswith("--bundle="):
-                bundle = arg.split("=", 1)[1]
-        path = os.path.join(bundle, "config.json")
-        try:
-            with open(path) as f:
-                config = json.load(f)
-            if clamp_limits(config):
-                with open(path + ".spark-lab", "w") as f:
-                    json.dump(config, f)
-                os.replace(path + ".spark-lab", path)
-        except (OSError, ValueError):
-            pass  # runc says what is wrong with the bundle
+    if not _may_raise_limits():
+        if command in ("create", "run"):
+            _clamp_file(os.path.join(_option(rest, ("--bundle", "-b")) or ".", "config.json"), wrapped=True)
+        elif command == "exec":  # `docker exec`: the container's limits again, in the process's spec
+            process = _option(rest, ("--process", "-p"))
+            if process:
+                _clamp_file(process, wrapped=False)
     os.execv(REAL, [REAL, *argv])
     return 127  # not reached
