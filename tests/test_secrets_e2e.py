@@ -71,10 +71,11 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
         inspect = cli("exec", str(inventory), "--node", node, "--", "docker inspect spark-cluster-sim")
         assert "HF_TOKEN=" not in inspect.stdout and "SPARK_CLUSTER_SECRETS_FILE=" in inspect.stdout
         assert "RAY_AUTH_TOKEN_PATH=/home/nvidia/.cache/spark-cluster/sim/ray_auth_token" in inspect.stdout
-    # Ray's processes in the container did get the token (from the file they removed).
+    # Ray's processes in the container did get the token (from the file they removed). They are
+    # root's, as a real engine runs them on a Spark: their environment is read with sudo.
     env_of_ray = cli("exec", str(inventory), "--node", "spark-b", "--",
                      f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; for e in /proc/[0-9]*/environ; do '
-                     'tr "\\0" "\\n" < $e 2>/dev/null | grep -qxF "HF_TOKEN=$t" && '
+                     'sudo -n cat $e 2>/dev/null | tr "\\0" "\\n" | grep -qxF "HF_TOKEN=$t" && '
                      'tr "\\0" " " < ${e%environ}cmdline && echo && break; done; echo end')
     assert "ray" in env_of_ray.stdout.split("\n", 1)[1], env_of_ray.stdout
     local = Path.home() / ".spark-cluster"
