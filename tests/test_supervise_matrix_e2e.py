@@ -2,7 +2,7 @@
 emulator alike: one parametrized test over the scenarios and the engines, each asserting the same
 decision, detection within its bound, serving again, and nothing left behind on either node.
 
-One lab (real engine available) for the module; per engine and topology one `supervise` that
+The session's lab (tests/labs.py), restored for the module; per engine and topology one `supervise` that
 brings the cluster up once, and every scenario restores it before the next. A scenario is one
 `Scenario` row: add a row to SCENARIOS to add a fault. The figures (decision, seconds to detect,
 seconds back to serving, what each scenario cost) are printed at the end and written to
@@ -245,22 +245,20 @@ def decided(scenario: Scenario, event: dict) -> bool:
 # --- fixtures ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    from spark_cluster_lab import lab as simlab
-
+def lab(lab_pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:  # noqa: ANN001 - labs.Pool
+    """The session's lab (tests/labs.py), restored; its real engine's inventory, where it runs, is
+    the one every cluster of the matrix is cut from (the emulator's differs in Python and env only)."""
     folder = tmp_path_factory.mktemp("matrix")
-    simlab.down()
-    simlab.up(2, inventory_out=folder / "lab.yaml", engine="real" if engine.real_missing() is None else "emulator",
-              reboot_s=10)
+    source = lab_pool.restored("real" if engine.real_missing() is None else "emulator")
+    (folder / "lab.yaml").write_text(source.read_text())
     yield folder
     if FIGURES:
         (folder / "fault-matrix.json").write_text(json.dumps(FIGURES, indent=2))
         print(f"\nfault matrix ({folder / 'fault-matrix.json'}):")
         for row in FIGURES:
-            print(f"  {row['engine']:8} {row['scenario']:24} {row['decision']:34} detect {row['detect_s']:5.1f} s"
+            print(f"  {row['engine']:10} {row['scenario']:24} {row['decision']:34} detect {row['detect_s']:5.1f} s"
                   f"  back {row['back_s']:5.1f} s  cost {row['cost_s']:5.1f} s  orphans {row['orphans'] or 'none'}")
         print(f"  total {sum(r['cost_s'] for r in FIGURES):.0f} s")
-    assert simlab.down() == []
 
 
 def inventory_for(lab: Path, key: str) -> Path:
@@ -268,6 +266,7 @@ def inventory_for(lab: Path, key: str) -> Path:
     data = yaml.safe_load((lab / "lab.yaml").read_text())
     data["nodes"] = data["nodes"][: int(count)]
     env = dict(data["cluster"]["env"])
+    data["cluster"]["executor"] = "mp"  # the real engine's CPU build has no Ray executor: both run mp
     if engine_name == "emulator":  # the same executor (mp), model and arguments; the emulator's Python
         data["cluster"]["python"] = "/run/spark-lab/python"
         env = {"SPARK_LAB_LOAD_MBPS": "4"}
