@@ -1,6 +1,10 @@
 """`lab up` from a virtualenv under /var/tmp, which each node has its own of: the nodes run it,
 it outlives a node's reboot (which empties the node's /tmp, never what is bound into it), and a
-virtualenv the nodes' login user may not read is refused by `lab up` with the reason."""
+virtualenv the nodes' login user may not read is refused by `lab up` with the reason.
+
+`lab up` itself is under test, so no session lab may be up (fixture `no_lab`: these tests run
+first in the lab layer, before the session's lab is made); the lab made here is brought down
+with `lab down`, as a user would, and nothing of it may be left."""
 
 from __future__ import annotations
 
@@ -15,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labs import leftovers
 from lab_cli import LAB_MARKS, REPO, cli, on_node
 
 from spark_cluster_lab import lab as simlab
 
-pytestmark = LAB_MARKS
+pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("no_lab")]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,6 @@ def prefix_on(inventory: Path, node: str) -> str:
 
 
 def test_a_venv_the_login_user_cannot_read_is_refused_with_the_reason(venv: Path, tmp_path: Path) -> None:
-    simlab.down()
     os.chmod(venv, 0o700)
     try:
         done = lab_up(venv, tmp_path / "sim.yaml")
@@ -78,4 +82,5 @@ def test_a_venv_under_var_tmp_runs_on_every_node_and_outlives_a_reboot(venv: Pat
         assert (venv / "marker").read_text() == "kept\n"  # the reboot emptied the node's /tmp, not this
         assert prefix_on(inventory, "spark-b") == str(venv)
     finally:
-        assert simlab.down() == []
+        down = cli("lab", "down")
+        assert down.returncode == 0 and leftovers() == [], down.stdout + down.stderr + str(leftovers())
