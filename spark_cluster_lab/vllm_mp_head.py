@@ -25,7 +25,11 @@ from spark_cluster_lab.vllm_mp import (
 
 
 PING_EVERY_S = 0.25
-STALL_AFTER_S = 2.0  # no answer to a ping this long: the node's ranks are stuck, every step waits on them
+# No answer to a ping this long: the node's ranks are stuck, every step waits on them. A real rank
+# frozen stops the very next step; at 2 s the emulator ran steps for 2 s after the freeze (the
+# fault matrix saw a frozen rank's stream step on, and a 16-token request served in full). A pong
+# a loaded machine delays past it only slows a step: a hang is no step for --hang-after seconds.
+STALL_AFTER_S = 0.75
 
 
 class _Remote:
