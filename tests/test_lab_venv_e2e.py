@@ -76,7 +76,8 @@ def test_a_venv_under_var_tmp_runs_on_every_node_and_outlives_a_reboot(venv: Pat
         booted = on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id").stdout
         assert cli("lab", "break", "spark-b", "node-reboot").returncode == 0
         deadline = time.monotonic() + 60
-        while on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id").stdout in ("", booted):
+        while (now := on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id")).returncode != 0 \
+                or now.stdout == booted:  # down, its sshd refusing, or not rebooted yet
             assert time.monotonic() < deadline, "spark-b did not come back from its reboot"
             time.sleep(1)
         assert (venv / "marker").read_text() == "kept\n"  # the reboot emptied the node's /tmp, not this

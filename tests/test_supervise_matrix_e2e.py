@@ -153,7 +153,11 @@ def rank(cluster: Cluster) -> str:
 
 
 def freeze_idle(cluster: Cluster) -> None:
+    """Frozen while idle, then a request: it comes a second later, as a user's would. The
+    emulator's head learns of a frozen node from its missed pongs (0.25 s); a request sent within
+    that would have its first step run, where the real engine's blocks at once."""
     on(cluster, "spark-b", f"pkill -STOP -f '{rank(cluster)}'")
+    time.sleep(1.0)
     in_background(lambda: chat(16, timeout=600))
 
 
