@@ -55,6 +55,13 @@ def prefix_on(inventory: Path, node: str) -> str:
     return done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stdout + done.stderr
 
 
+def boot_id(inventory: Path) -> str | None:
+    """spark-b's boot id (exec's last line: its first is exec's own header), None while it does
+    not answer."""
+    done = on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id")
+    return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
+
+
 def test_a_venv_the_login_user_cannot_read_is_refused_with_the_reason(venv: Path, tmp_path: Path) -> None:
     os.chmod(venv, 0o700)
     try:
@@ -73,11 +80,11 @@ def test_a_venv_under_var_tmp_runs_on_every_node_and_outlives_a_reboot(venv: Pat
         done = lab_up(venv, inventory)
         assert done.returncode == 0, done.stdout + done.stderr
         assert prefix_on(inventory, "spark-a") == prefix_on(inventory, "spark-b") == str(venv)
-        booted = on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id").stdout
+        booted = boot_id(inventory)
+        assert booted
         assert cli("lab", "break", "spark-b", "node-reboot").returncode == 0
         deadline = time.monotonic() + 60
-        while (now := on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id")).returncode != 0 \
-                or now.stdout == booted:  # down, its sshd refusing, or not rebooted yet
+        while boot_id(inventory) in (None, booted):  # down, its sshd refusing, or not rebooted yet
             assert time.monotonic() < deadline, "spark-b did not come back from its reboot"
             time.sleep(1)
         assert (venv / "marker").read_text() == "kept\n"  # the reboot emptied the node's /tmp, not this
