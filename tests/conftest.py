@@ -132,6 +132,12 @@ def real_inventory(lab_pool: labs.Pool) -> Path:
 
 
 @pytest.fixture
+def no_lab(lab_pool: labs.Pool) -> None:
+    """No lab up: for a test of `lab up` itself (such tests run first in the lab layer)."""
+    lab_pool.cleared()
+
+
+@pytest.fixture
 def lab_of(lab_pool: labs.Pool):  # noqa: ANN201
     """`lab_of(n)`: a lab of n nodes in place of the session's (yields the Lab and what bringing
     the last one down left behind); such tests run last."""

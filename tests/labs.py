@@ -33,7 +33,10 @@ PROBE = (
 
 
 def nodes_wanted(item: pytest.Item) -> int:
-    """How many nodes the lab of a test has: two, unless it is marked `lab_nodes(n)`."""
+    """How many nodes the lab of a test has: two, unless it is marked `lab_nodes(n)`; none for a
+    test of `lab up` itself (fixture `no_lab`), which runs first, before the session's is up."""
+    if "no_lab" in getattr(item, "fixturenames", ()):
+        return 0
     marker = item.get_closest_marker("lab_nodes")
     return marker.args[0] if marker else 2
 
@@ -191,6 +194,19 @@ class Pool:
         write_inventory(inventory, lab.root, [node.name for node in lab.nodes], "emulator")
         self.inventories = {}
         return lab, left, inventory
+
+    def cleared(self) -> None:
+        """No lab up, for a test that brings up its own (`lab up` itself under test): one this
+        session started is brought down (the next module's is made anew); someone else's skips."""
+        from spark_cluster_lab import lab as simlab
+
+        if simlab.load_lab() is None:
+            return
+        if not self.created:
+            pytest.skip("a lab that this session did not start is up (`spark-cluster lab down` first)")
+        left = self._down()
+        self.inventories = {}
+        assert left == [], left
 
     def _down(self) -> list[str]:
         """What this session started stopped, the lab brought down; what is left of it."""
