@@ -57,6 +57,29 @@ CABLE_OTHER_PORT = Fault(
 )
 
 
+def _lose_twin(node: LiveNode) -> None:
+    from spark_cluster_lab.cabling import lose_twin
+
+    lose_twin(node.name)
+
+
+def _twin_back(node: LiveNode, state: dict[str, Any]) -> None:
+    from spark_cluster_lab.cabling import twin_back
+
+    if RAIL_NO_CARRIER.name in state["faults"]:
+        twin_back(node.name)
+
+
+RAIL_NO_CARRIER = Fault(
+    "rail-no-carrier",
+    summary="the second rail (twin) of the node's cable has no carrier at either end; the first still has",
+    said="{node}: {rail1} has no carrier, at either end of its cable ({rail0} still has)",
+    live=_lose_twin,
+    undo=_twin_back,
+    in_force=until_healed,
+)
+
+
 def _rails(node: LiveNode, **change: Any) -> None:
     from spark_cluster_lab import netns
 
@@ -101,4 +124,4 @@ MTU = Fault(
 )
 
 # In heal's order: the cables back in place before the rails are set up.
-FAULTS = (CROSSED_RAILS, CABLE_OTHER_PORT, LINK_DOWN, MTU)
+FAULTS = (CROSSED_RAILS, CABLE_OTHER_PORT, RAIL_NO_CARRIER, LINK_DOWN, MTU)
