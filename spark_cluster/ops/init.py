@@ -148,7 +148,7 @@ def reach(request: InitRequest, asker: Asker, password: OncePassword, known_host
     """Host keys (pinned into `known_hosts` once confirmed), logins, sudo."""
     targets = {host: Target(host, request.user, request.port) for host in request.hosts}
     keys = pin_host_keys(targets, request.known_hosts, request.timeout,
-                         lambda name, key: request.yes or asker.host_key(name, key), asker.say)
+                         asker.host_key, asker.say)
     pin(known_hosts, list(keys.values()))
     nodes = connect(targets, request.identity, [known_hosts], password, request.timeout)
     try:
@@ -217,19 +217,21 @@ def _apply(request: InitRequest, asker: Asker, nodes: Sequence[InitNode], the_pl
     by_name = {n.name: n for n in nodes}
     journal = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
+    def answers(node: InitNode, interrupted) -> None:  # noqa: ANN001 - threading.Event
+        init_apply.poll(f"{node.name}: a new login with your key and the pinned host key, after netplan apply",
+                        lambda: _logins_fail(inventory, node.name), interrupted, asker.say)
+
     def verify(interrupted) -> None:  # noqa: ANN001 - threading.Event
         init_apply.poll(f"every rail both ways at MTU {request.mtu} (a {request.mtu - 28}-byte ping)",
                         lambda: init_apply.rails_answer(inventory, by_name), interrupted, asker.say)
-        init_apply.poll("a new login to every node with your key and the pinned host key",
-                        lambda: _logins_fail(inventory), interrupted, asker.say)
 
-    init_apply.apply_all(list(nodes), the_plan.changes, journal, asker.say, verify)
+    init_apply.apply_all(list(nodes), the_plan.changes, journal, asker.say, verify, answers)
 
 
-def _logins_fail(inventory: Inventory) -> list[str]:
+def _logins_fail(inventory: Inventory, only: str) -> list[str]:
     from spark_cluster.ops.nodes import fleet_for
 
-    with fleet_for(inventory) as fleet:
+    with fleet_for(inventory, only=only) as fleet:
         done = fleet.run("true", timeout=20)
     return [str(v).splitlines()[0] for v in done.values() if isinstance(v, Exception)]
 

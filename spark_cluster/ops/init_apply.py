@@ -135,8 +135,10 @@ def poll(what: str, check: Callable[[], list[str]], interrupted: threading.Event
 
 
 def apply_all(nodes: Sequence[InitNode], changes: Mapping[str, NodeChanges], journal_id: str, say: Say,
-              verify: Callable[[threading.Event], None]) -> None:
-    """Workers first, the head last (nodes[0]); then `verify`. On failure or Ctrl-C, put back."""
+              verify: Callable[[threading.Event], None],
+              answers: Callable[[InitNode, threading.Event], None] | None = None) -> None:
+    """Workers first, the head last (nodes[0]), each proved to `answer` (a new login) before the
+    next is touched; then `verify`. On failure or Ctrl-C, every node changed is put back."""
     order = [*nodes[1:], nodes[0]]
     staged: list[InitNode] = []
     with ctrl_c_between_steps() as interrupted:
@@ -150,6 +152,8 @@ def apply_all(nodes: Sequence[InitNode], changes: Mapping[str, NodeChanges], jou
                     continue
                 staged.append(node)
                 _apply_node(node, change, journal_id, say)
+                if answers is not None and change.netplan_apply:
+                    answers(node, interrupted)
             if interrupted.is_set():
                 raise Interrupted("interrupted")
             verify(interrupted)

@@ -23,8 +23,8 @@ def host_key_question(node: str, key: HostKey, accepted: bool) -> str:
     kind = "ecdsa" if key.key_type.startswith("ecdsa") else key.key_type.removeprefix("ssh-")
     line = (f"{node}: host key {key.key_type} {key.fingerprint} "
             f"(on the node's console: `ssh-keygen -lf /etc/ssh/ssh_host_{kind}_key.pub`)")
-    CONSOLES.out.print(Text(line))
-    return "pinned (--yes)" if accepted else "pin this key?"
+    CONSOLES.out.print(Text(line + (": pinned (--yes)" if accepted else "")))
+    return "pin this key?"
 
 
 def _block(text: str) -> None:
