@@ -49,8 +49,10 @@ def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str,
     if inventory_out is not None:
         ui.CONSOLES.out.print(f"  inventory written to {inventory_out} (engine: {engine})")
     if fresh:
-        ui.CONSOLES.out.print(f"  fresh: the login password of {simlab.LOGIN_USER} is in "
-                              f"{lab_.root / simlab.SUDO_PASSWORD_FILE}; next: spark-cluster init "
+        from spark_cluster_lab.login_user import LOGIN_USER, SUDO_PASSWORD_FILE
+
+        ui.CONSOLES.out.print(f"  fresh: the login password of {LOGIN_USER} is in "
+                              f"{lab_.root / SUDO_PASSWORD_FILE}; next: spark-cluster init "
                               + " ".join(n.address for n in lab_.nodes) + " --like inventories/sim.yaml")
     return 0
 

@@ -25,7 +25,7 @@ from spark_cluster_lab import netns
 from spark_cluster_lab.checkpoint import write_checkpoint
 from spark_cluster_lab.lab_inventory import write_inventory
 from spark_cluster_lab.layout import LAB_ROOT, NodePaths
-from spark_cluster_lab.login_user import LOGIN_USER, SUDO_PASSWORD_FILE, free_ids, password_hash
+from spark_cluster_lab.login_user import SUDO_PASSWORD_FILE, free_ids, password_hash
 from spark_cluster_lab.node_fresh import fresh_rails, make_fresh, require_netplan
 from spark_cluster_lab.node_init import DEFAULT_REBOOT_S, REBOOT_SECONDS
 from spark_cluster_lab.node_python import write_image_bin, write_python

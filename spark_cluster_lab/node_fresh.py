@@ -22,6 +22,7 @@ from spark_cluster_lab.wrappers import write_wrapper
 
 FRESH_MTU = 1500  # what a Spark's ports come up with: NVIDIA's playbook leaves them there
 NETPLAN = "/usr/sbin/netplan"
+FRESH_SUDOERS = "90-spark-lab"  # as cloud-init's 90-cloud-init-users
 
 
 def require_netplan() -> None:
@@ -46,7 +47,10 @@ def fresh_sshd_config(paths: NodePaths, lab_root: Path) -> str:
 def make_fresh(paths: NodePaths, lab_root: Path) -> None:
     """Turn a prepared node (node_setup.prepare_node) into a fresh one, before its sshd starts."""
     (paths.ssh / "sshd_config").write_text(fresh_sshd_config(paths, lab_root))
-    rule = paths.etc_upper / "sudoers.d" / "spark-lab"
+    # As a distribution's installer leaves it: a rule that asks for the password, read before any
+    # file a tool adds later (sudo applies the last rule that matches).
+    (paths.etc_upper / "sudoers.d" / "spark-lab").unlink()
+    rule = paths.etc_upper / "sudoers.d" / FRESH_SUDOERS
     rule.write_text(sudoers_rule(password=True))
     rule.chmod(0o440)
     netplan = paths.root / "netplan"  # bound over the node's /etc/netplan (node_setup's boot script)
@@ -59,6 +63,6 @@ def fresh_rails(names: list[str]) -> None:
     for name in names:
         ns = netns.namespace(name)
         for rail in netns.RAILS:
-            netns.ip("-n", ns, "addr", "flush", "dev", rail.interface)
+            netns.ip("-n", ns, "-4", "addr", "flush", "dev", rail.interface)  # IPv6 link-local stays
             netns.ip("-n", ns, "link", "set", "dev", rail.interface, "mtu", str(FRESH_MTU), "up")
 

@@ -176,7 +176,7 @@ def _segment_troubles(nodes: Sequence[NodeFound], segment: set[tuple[str, str]])
         else:
             found.append(Trouble(
                 a, f"{ia} is cabled to {b} {ib}, not to its twin of the same name: the rails are crossed",
-                f"move the QSFP cable so both Sparks use the same port (same cage, pull-tab up), then init again"))
+                "move the QSFP cable so both Sparks use the same port (same cage, pull-tab up), then init again"))
     missing = [n.name for n in nodes if n.name not in by_node]
     if missing and len(nodes) > 2:
         some = ", ".join(f"{n} {i[0]}" for n, i in sorted(by_node.items()))

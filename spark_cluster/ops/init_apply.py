@@ -95,7 +95,11 @@ def _apply_node(node: InitNode, change: NodeChanges, journal_id: str, say: Say) 
     for line in done["changed"]:
         say(node.name, line)
     if change.sudoers_files:
-        node.sudo_needs_password = False  # the rule is in: a password on stdin would reach the command
+        if node.ssh.run("sudo -n true", timeout=30).ok:
+            node.sudo_needs_password = False  # the rule is in: a password on stdin would reach the command
+        else:
+            say(node.name, f"note: `sudo -n` still asks for a password: a rule read after "
+                           f"{next(iter(change.sudoers_files))} overrides it (sudo applies the last match)")
     if change.netplan_apply:
         applied = node.run("netplan apply", sudo=True, timeout=120)
         if not applied.ok:

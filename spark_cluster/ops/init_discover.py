@@ -18,7 +18,6 @@ from collections.abc import Sequence
 
 from spark_cluster.core.init_plan import NodeFound, Port, Reach
 from spark_cluster.core.programs import command
-from spark_cluster.core.shell import join
 from spark_cluster.ops.init_reach import InitError, InitNode
 from spark_cluster.ops.linktest import probe
 from spark_cluster.transport.remote import Fleet
@@ -136,9 +135,3 @@ def inspect(node: InitNode, user: str, interfaces: Sequence[str]) -> dict:
         raise InitError(f"{node.name}: could not read its configuration as root: {why}\n"
                         "nothing was changed on any node") from None
 
-
-def management_address(node: InitNode) -> str:
-    """The address this machine reaches the node at, as the node sees it (ssh's SSH_CONNECTION)."""
-    result = node.run(join("sh", "-c", 'echo "$SSH_CONNECTION"'), timeout=15)
-    words = result.stdout.split()
-    return words[2] if len(words) >= 4 else node.target.host

@@ -77,5 +77,5 @@ def pin(path: Path, keys: Sequence[HostKey]) -> None:
     present = path.read_text().splitlines() if path.is_file() else []
     new = [k.line for k in keys if k.line not in present]
     if new:
-        with path.open("a", opener=lambda p, flags: os.open(p, flags, 0o600)) as out:
+        with open(path, "a", opener=lambda p, flags: os.open(p, flags, 0o600)) as out:
             out.write("".join(f"{line}\n" for line in new))

@@ -92,8 +92,12 @@ def _unplug(node: LiveNode) -> None:
 
 
 def _rails_back(node: LiveNode, state: dict[str, Any]) -> None:
-    """Every rail up at the lab's MTU, whatever was recorded (undoes link-down and mtu)."""
+    """Every rail up at the lab's MTU, whatever was recorded (undoes link-down and mtu). A fresh
+    node's rails are init's to set: touched only when one of those two faults was recorded."""
     from spark_cluster_lab import netns
+
+    if node.fresh and not {LINK_DOWN.name, MTU.name} & set(state["faults"]):
+        return
 
     _rails(node, mtu=netns.LINK_MTU, up=True)
 

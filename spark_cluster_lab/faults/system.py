@@ -27,14 +27,18 @@ CLOCK_SKEW = Fault(
 
 
 def _sudo_rule(node: LiveNode, password: bool) -> None:
-    """Rewrite the node's sudoers rule from inside it (its /etc is an overlay)."""
+    """Rewrite the node's sudoers rule from inside it (its /etc is an overlay). A fresh node's own
+    rule is another file (node_fresh.FRESH_SUDOERS): healed, it has none here."""
     import shlex
 
     from spark_cluster.core.errors import LabError
     from spark_cluster_lab.login_user import sudoers_rule
 
-    done = node.run(["sh", "-c", f"printf '%s' {shlex.quote(sudoers_rule(password))} "
-                     "> /etc/sudoers.d/spark-lab && chmod 0440 /etc/sudoers.d/spark-lab"])
+    script = (f"printf '%s' {shlex.quote(sudoers_rule(password))} > /etc/sudoers.d/spark-lab "
+              "&& chmod 0440 /etc/sudoers.d/spark-lab")
+    if node.fresh and not password:
+        script = "rm -f /etc/sudoers.d/spark-lab"
+    done = node.run(["sh", "-c", script])
     if done.returncode != 0:
         raise LabError(f"{node.name}: could not change the sudo rule: {done.stderr.strip()}")
 
@@ -44,7 +48,7 @@ SUDO_PASSWORD = Fault(
     summary="the login user's sudo rule wants its password (the lab's is in /run/spark-lab/sudo-password)",
     said="{node}: sudo asks {user} for a password (the lab's is in /run/spark-lab/sudo-password)",
     live=lambda node: _sudo_rule(node, password=True),
-    undo=lambda node, state: _sudo_rule(node, password=node.fresh),  # a fresh node's asks for it
+    undo=lambda node, state: _sudo_rule(node, password=False),
     in_force=until_healed,
 )
 

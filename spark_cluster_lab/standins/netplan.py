@@ -65,7 +65,7 @@ def _blip(seconds: float) -> None:
     addresses = [line.split()[3] for line in done.stdout.splitlines() if len(line.split()) > 3]
     if not addresses:
         return
-    script = (f"sleep 0.3; for a in {' '.join(addresses)}; do ip addr del $a dev {MGMT_IF}; done; sleep {seconds:g}; "
+    script = (f"sleep 0.1; for a in {' '.join(addresses)}; do ip addr del $a dev {MGMT_IF}; done; sleep {seconds:g}; "
               f"for a in {' '.join(addresses)}; do ip addr add $a dev {MGMT_IF}; done")
     subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)
