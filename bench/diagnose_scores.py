@@ -1,12 +1,16 @@
-"""`spark-cluster diagnose --log` on every real log, fresh and hour-old, against a baseline commit.
+"""`spark-cluster diagnose` on every real log and paste, against a baseline commit.
 
     .venv/bin/python bench/diagnose_scores.py [--baseline COMMIT] [--age SECONDS]
 
 Each log (tests/data/vllm-logs and, when present, ../shared/facts/vllm-logs) is copied to a
 temporary file, once with a fresh mtime and once with its mtime `--age` seconds back, and
 given to `diagnose --log FILE --json` as a user runs it, for this checkout and for the baseline
-(extracted with `git archive`). A conclusion is right when its outcome and cause are the ones
-the logs' READMEs give. Prints one line per contender and age, then the logs any contender got wrong.
+(extracted with `git archive`); each paste of tests/data/host-outputs to `diagnose --host-output
+FILE --json`. A conclusion is right when its outcome and cause are the ones the READMEs give (a
+paste: ok, and a finding among those accepted whose fix names no Spark package: none of these
+hosts is one). Prints one line per set, contender and age, then the files any contender got
+wrong. The sets: the first 21 collected logs, the shared Spark logs, issue 29's logs and pastes,
+and those held out from it.
 """
 
 from __future__ import annotations
@@ -57,15 +61,83 @@ EXPECTED = {
     "07-dgx-spark-gx10-2node-head-ready-two-shard-bars-87-then-48.log": ("ready", {None}),
     "08-v1-wsl-rtx5060ti-gemma4-e4b-negative-kv-cache-memory.log": ("failed", {"kv-cache-memory"}),
     "09-dgx-spark-v1-0.20-gemma4-26b-moe-slow-first-shard-ready.log": ("ready", {None}),
-    "10-dgx-spark-v1-0.20-gemma4-config-error-chunked-mm-budget.log": ("failed", {"other"}),
-    "11-lab-vllm-0.32-cpu-2node-mp-head-ready.log": ("ready", {None}),
-    "12-lab-vllm-0.32-cpu-2node-mp-headless-worker.log": ("ready", {None}),
+    "10-dgx-spark-v1-0.20-gemma4-config-error-chunked-mm-budget.log": ("failed", {"other", "config"}),
+    "11-lab-vllm-0.32-cpu-2node-mp-head-ready.log": ("stopped", {"sigterm"}),  # ready, then `down`
+    "12-lab-vllm-0.32-cpu-2node-mp-headless-worker.log": ("loading", {None}),  # its head went: no error of its own
 }
+# Issue 29's classes (tests/data/vllm-logs/README.md, second part).
+ISSUE_29 = {
+    **{name: ("failed", {"nccl"}) for name in (
+        "nccl-01-v05-mp-worker-died-then-watchdog-allreduce.log", "nccl-02-v05-ray-rayworkerwrapper-rank1-allreduce-seq1.log",
+        "nccl-03-v05-mp-tp-startup-allreduce-seq1-numel1.log", "nccl-04-v07-ray-multinode-ip-prefix-torch25-timestamps.log",
+        "nccl-05-v02-ray-worker-died-warning-before-watchdog-seq1.log",
+        "nccl-06-v08-torch26-gather-failure-detected-flightrecorder.log",
+        "nccl-07-v06-vllm-serve-startup-allreduce-seq1-frames.log",
+        "nccl-08-v02-rayworkervllm-tp4-startup-unhandled-runtime-error.log",
+        "nccl-09-v06-mllama-tp4-init-complete-then-interleaved-ranks-timeout.log",
+        "nccl-10-v010-v1-multinode-dsv3-broadcast-first-pg-dump.log",
+        "nccl-11-sglang-torch24-terminate-distbackenderror-allgather.log")},
+    "killed-01-v06-killed-after-gpu-blocks.log": ("failed", {"killed", "oom"}),
+    "killed-02-hf-bar-glued-killed-then-dmesg-oom.log": ("failed", {"oom"}),
+    **{name: ("stopped", {"scheduler-cancelled"}) for name in (
+        "slurm-01-time-limit-job-and-step-cancelled.log", "slurm-02-ray-worker-step-cancelled-task-killed.log",
+        "slurm-03-scancel-by-user-no-reason.log")},
+    "sigterm-01-v024-gb10-ready-then-external-sigterm.log": ("stopped", {"sigterm"}),
+    "sigterm-02-v085-k8s-probe-sigterm-during-compile-head.log": ("stopped", {"sigterm"}),
+    **{name: ("failed", {"config"}) for name in (
+        "config-01-v02-attention-heads-tp8-bare-line.log", "config-02-v0x-attention-heads-tp8-raise-line.log",
+        "config-03-v02x-pydantic-value-error-attention-heads-tp3.log",
+        "config-04-v01x-pydantic-max-model-len-greater-than-derived.log",
+        "config-05-v05-xinference-max-model-len-greater-than-derived.log",
+        "config-06-v07-ray-main-task-max-num-batched-tokens-smaller.log",
+        "config-07-v024-pydantic-schedulerconfig-max-num-batched-tokens.log",
+        "config-08-v024-validationerror-schedulerconfig-elided.log")},
+    **{name: ("hung", {"shm-broadcast-wait"}) for name in (
+        "shm-01-v02x-startup-hang-mnnvl-allreduce-init-repeating.log",
+        "shm-02-v011-ascend-offline-generate-hang-repeating.log", "shm-03-v02x-dp2-runtime-hang-interleaved-engines.log")},
+    **{name: ("loading", {None}) for name in (
+        "shm-04-v02x-twice-during-compile-then-warmup-2x4090.log", "shm-05-v02x-three-during-warmup-and-eagle-compile.log",
+        "shm-06-v02x-once-with-cached-compile-2x5090.log")},
+}
+HELD_OUT = {
+    "ho-nccl-v05-ray-lost-esc-gather-seq158046.log": ("failed", {"nccl"}),
+    "ho-nccl-torch26-line-numbered-allreduce-seq1580.log": ("failed", {"nccl"}),
+    "ho-nccl-torch25-alltoall-seq4486.log": ("failed", {"nccl"}),
+    "ho-oom-v011-gke-prefixed-enginecore-cuda-oom.log": ("failed", {"oom"}),
+    "ho-sigterm-v0x-k8s-newest-first-keyboardinterrupt-terminated.log": ("stopped", {"sigterm"}),
+    "ho-shm-v023-ascend-dp-engines-stress-hang.log": ("hung", {"shm-broadcast-wait"}),
+    "ho-shm-v011-once-during-slow-load-bare.log": ("loading", {None}),
+    "ho-kv-v04-raise-valueerror-max-seq-len-larger-than-kv-cache.log": ("failed", {"kv-cache-memory"}),
+    "ho-config-v01-gpus-per-node-not-divisible-by-tensor-parallelism.log": ("failed", {"config"}),
+    "ho-config-v02x-assertion-physical-experts-ep-size.log": ("failed", {"config"}),
+    "ho-oom-v09-mmap-cannot-allocate-memory.log": ("failed", {"oom"}),
+    "ho-slurm-time-limit-after-progress.log": ("stopped", {"scheduler-cancelled"}),
+    "ho-loading-v010-bracketed-iso-stamps-weights.log": ("loading", {None}),
+}
+# Pastes: (ok, finding ids accepted; "*" any finding).
+PASTES = {
+    "nvsmi-01-ubuntu-runfile-driver-new-kernel-no-module-find-lib-modules.txt": (False, {"driver.modules-missing"}),
+    "nvsmi-02-popos-prose-uname-r-modprobe-not-found-in-directory.txt": (False, {"driver.modules-missing"}),
+    "nvsmi-03-gce-after-kernel-upgrade-nvidia-smi-only.txt": (False, {"driver.unreachable"}),
+    "nvsmi-04-new-kernel-dkms-install-bad-return-status.txt": (False, {"driver.dkms-build-failed"}),
+    "nvsmi-05-kernel-without-module-tree-kmod-moddep.txt": (False, {"driver.modules-missing"}),
+    "nvsmi-06-backtick-wrapped-single-line-dkms-kernel.txt": (False, {"driver.unreachable"}),
+}
+PASTES_HELD_OUT = {
+    "ho-host-arch-dkms-bad-return-status-new-kernel.txt": (False, {"driver.dkms-build-failed"}),
+    "ho-host-centos-root-prompt-smi-modprobe-not-found.txt": (False, {"driver.unreachable", "driver.modules-missing"}),
+    "ho-host-fedora-smi-fails-modinfo-version-fenced.txt": (False, {"*"}),
+}
+SETS = {"collected 01-21": {n: v for n, v in EXPECTED.items() if (OURS / n).is_file()},
+        "shared Spark logs": {n: v for n, v in EXPECTED.items() if not (OURS / n).is_file()},
+        "issue 29": ISSUE_29, "issue 29, held out": HELD_OUT}
+PASTE_SETS = {"issue 29 pastes": PASTES, "issue 29 pastes, held out": PASTES_HELD_OUT}
+HOSTS = REPO / "tests" / "data" / "host-outputs"
 
 
-def logs() -> list[Path]:
+def logs(expected: dict[str, tuple[str, set[str | None]]]) -> list[Path]:
     found = sorted(OURS.glob("*.log")) + (sorted(SHARED.glob("*.log")) if SHARED.is_dir() else [])
-    return [p for p in found if p.name in EXPECTED]
+    return [p for p in found if p.name in expected]
 
 
 def conclude(pythonpath: Path, log: Path, age: float, scratch: Path) -> tuple[str, str | None]:
@@ -81,12 +153,23 @@ def conclude(pythonpath: Path, log: Path, age: float, scratch: Path) -> tuple[st
     return data["outcome"], data["cause"]
 
 
+def findings(pythonpath: Path, paste: Path) -> tuple[bool, set[str]]:
+    done = subprocess.run([sys.executable, "-m", "spark_cluster", "diagnose", "--host-output", str(paste), "--json"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(pythonpath)},
+                          cwd="/")  # not the checkout: `-m` puts the working directory before PYTHONPATH
+    if not done.stdout.strip():  # nothing recognised: the CLI refuses it (exit 2)
+        return False, set()
+    data = json.loads(done.stdout)
+    # None of these hosts runs a Spark's kernel: a fix naming a Spark's module package is wrong.
+    spark_package = "linux-modules-nvidia-580-open-" in json.dumps(data["findings"])
+    return data["ok"], {f["id"] + (" (a Spark's package)" if spark_package else "") for f in data["findings"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", default="2fc757c", help="the commit to compare with")
+    parser.add_argument("--baseline", default="00583a4", help="the commit to compare with (main before issue 29)")
     parser.add_argument("--age", type=float, default=3600.0, help="seconds back for the old copies")
     args = parser.parse_args()
-    files = logs()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "baseline"
         base.mkdir()
@@ -96,18 +179,30 @@ def main() -> int:
         scratch = Path(tmp) / "scratch"
         scratch.mkdir()
         wrong: dict[str, list[str]] = {}
-        for label, path in ((f"baseline {args.baseline}", base), ("this checkout", REPO)):
-            for age in (0.0, args.age):
+        for name, expected in SETS.items():
+            files = logs(expected)
+            for label, path in ((f"baseline {args.baseline}", base), ("this checkout", REPO)):
+                for age in (0.0, args.age):
+                    right = 0
+                    for log in files:
+                        outcome, cause = conclude(path, log, age, scratch)
+                        want, causes = expected[log.name]
+                        if outcome == want and cause in causes:
+                            right += 1
+                        else:
+                            wrong.setdefault(log.name, []).append(
+                                f"{label}, age {age:.0f} s: {outcome}/{cause} (want {want}/{'|'.join(map(str, causes))})")
+                    print(f"{name:>26}: {label:>24}, file age {age:>6.0f} s: {right}/{len(files)} right")
+        for name, expected in PASTE_SETS.items():
+            for label, path in ((f"baseline {args.baseline}", base), ("this checkout", REPO)):
                 right = 0
-                for log in files:
-                    outcome, cause = conclude(path, log, age, scratch)
-                    want, causes = EXPECTED[log.name]
-                    if outcome == want and cause in causes:
+                for paste, (want_ok, ids) in expected.items():
+                    ok, found = findings(path, HOSTS / paste)
+                    if ok == want_ok and (bool(found) if "*" in ids else bool(found & ids)):
                         right += 1
                     else:
-                        wrong.setdefault(log.name, []).append(
-                            f"{label}, age {age:.0f} s: {outcome}/{cause} (want {want}/{'|'.join(map(str, causes))})")
-                print(f"{label:>24}, file age {age:>6.0f} s: {right}/{len(files)} right")
+                        wrong.setdefault(paste, []).append(f"{label}: ok {ok}, {sorted(found)} (want {sorted(ids)})")
+                print(f"{name:>26}: {label:>24}: {right}/{len(expected)} right")
     for name, lines in sorted(wrong.items()):
         print(name)
         for line in lines:

@@ -11,12 +11,35 @@ import click
 from rich.text import Text
 
 from spark_cluster import ui
-from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.errors import SparkClusterError, UsageError
+
+
+# What the `lab` extra installs (pyproject.toml): Ray on the nodes, the checkpoint's numpy and tokenizers.
+LAB_EXTRA = ("ray", "numpy", "tokenizers")
+
+
+def need_lab_extra() -> None:
+    """A UsageError (exit 2) naming the extra to install when one of its packages is missing:
+    `pip install .` alone installs the tool, not the lab."""
+    import importlib.util
+
+    missing = []
+    for name in LAB_EXTRA:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise UsageError(f"the lab needs the `lab` extra, which is not installed here (missing: {', '.join(missing)})"
+                         "\n  hint: pip install 'spark-cluster[lab]' (from a clone: pip install '.[lab]', or "
+                         "bash scripts/install.sh)")
 
 
 @click.group()
 def lab() -> None:
-    """The simulated lab: Sparks as network namespaces with real sshd (needs root)."""
+    """The simulated lab: Sparks as network namespaces with real sshd (needs root and the `lab` extra)."""
 
 
 @lab.command("up")
@@ -36,6 +59,7 @@ def lab() -> None:
 def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str, reboot_seconds: float | None,
            fresh: bool) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
+    need_lab_extra()
     from spark_cluster_lab import lab as simlab
 
     started = time.monotonic()
@@ -61,6 +85,7 @@ def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str,
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def lab_status(as_json: bool) -> int:
     """Does each node answer over SSH, and what is broken on it."""
+    need_lab_extra()
     from spark_cluster_lab import lab as simlab
     from spark_cluster_lab.report import lab_report
 
@@ -69,7 +94,7 @@ def lab_status(as_json: bool) -> int:
     if current is None:
         raise SparkClusterError("no lab is up\n  hint: spark-cluster lab up")
     reports = lab_report(current)
-    _print_status(reports, as_json)
+    print_status(reports, as_json)
     return 0 if all(r.healthy for r in reports) else 1
 
 
@@ -78,6 +103,7 @@ def lab_status(as_json: bool) -> int:
 @click.argument("fault")
 def lab_break(node: str, fault: str) -> int:
     """Break NODE the way a real Spark breaks (see `lab faults`)."""
+    need_lab_extra()
     from spark_cluster_lab import lab as simlab
     from spark_cluster_lab.breakage import break_node
 
@@ -89,6 +115,7 @@ def lab_break(node: str, fault: str) -> int:
 @click.argument("node")
 def lab_heal(node: str) -> int:
     """Undo every fault on NODE."""
+    need_lab_extra()
     from spark_cluster_lab import lab as simlab
     from spark_cluster_lab.breakage import heal_node
 
@@ -99,6 +126,7 @@ def lab_heal(node: str) -> int:
 @lab.command("faults")
 def lab_faults() -> int:
     """List the faults `lab break` can inject, and what each leaves on the node."""
+    need_lab_extra()
     from spark_cluster_lab.faults.listing import lines
 
     faults = lines()
@@ -111,6 +139,7 @@ def lab_faults() -> int:
 @lab.command("down")
 def lab_down() -> int:
     """Stop every lab process and remove its namespaces, links and files."""
+    need_lab_extra()
     from spark_cluster_lab import lab as simlab
 
     problems = simlab.down()
@@ -128,14 +157,17 @@ def _current_lab(simlab):  # noqa: ANN001, ANN202 - the lazily imported module
     return current
 
 
-def _print_status(reports: Sequence, as_json: bool) -> None:
+def print_status(reports: Sequence, as_json: bool) -> None:
+    """A node a row (at 80 columns: nvidia-smi's answer, its own words, goes under it)."""
     if as_json:
         ui.CONSOLES.out.out(json.dumps([r.as_dict() for r in reports], indent=2))
         return
-    header = ("node", "address", "ssh", "kernel", "faults", "nvidia-smi")
-    rows = [(r.name, r.address, r.ssh, r.kernel, ", ".join(r.faults) or "-", r.gpu) for r in reports]
+    header = ("node", "address", "ssh", "kernel", "faults")
+    rows = [(r.name, r.address, r.ssh, r.kernel, ", ".join(r.faults) or "-") for r in reports]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
-    for n, row in enumerate([header, *rows]):
+    ui.CONSOLES.out.print(Text("  ".join([c.ljust(w) for c, w in zip(header, widths)] + [header[-1]]), style="bold"))
+    for report, row in zip(reports, rows):
         cells = [cell.ljust(width) for cell, width in zip(row, widths)] + [row[-1]]
-        style = "bold" if n == 0 else ("green" if row[2] == "ok" else "red")
-        ui.CONSOLES.out.print(Text("  ".join(cells), style=style))
+        ui.CONSOLES.out.print(Text("  ".join(cells), style="green" if report.ssh == "ok" else "red"))
+        if report.gpu:
+            ui.CONSOLES.out.print(Text(f"  nvidia-smi: {report.gpu}"))

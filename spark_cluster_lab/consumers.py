@@ -1,9 +1,11 @@
 """Who holds a node's unified memory, and the /proc/meminfo it makes.
 
 A DGX Spark has one pool of memory for CPU and GPU. The node's state keeps a baseline
-(state["memory"]) and named consumers: a process (pid and start time, so a recycled pid is
-another process) holding some KiB, shown by nvidia-smi when it is a GPU process. The node's
-/proc/meminfo is rendered from both.
+(state["memory"]), named consumers: a process (pid and start time, so a recycled pid is
+another process) holding some KiB, shown by nvidia-smi when it is a GPU process (the emulator's
+ranks, the memory hog), and what the node's real processes hold (`processes_kib`: their
+anonymous resident memory and the node's /dev/shm, which the node's init follows, so a real
+vLLM's weights and KV cache show). The node's /proc/meminfo is rendered from all three.
 """
 
 from __future__ import annotations
@@ -70,9 +72,33 @@ def forget_consumer(state: dict[str, Any], name: str) -> None:
                                                           "fault": LEAKED}
 
 
+def held_kib(proc: Path = Path("/proc"), shm: Path = Path("/dev/shm")) -> int:
+    """What the processes this /proc shows hold that no file backs, as MemAvailable loses it: each
+    one's anonymous resident memory (RssAnon), plus what the tmpfs at `shm` holds (counted once,
+    not in every process that maps it)."""
+    import os
+
+    total = 0
+    for status in proc.glob("[0-9]*/status"):
+        try:
+            with open(status) as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        total += int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile, or a kernel thread
+    try:
+        fs = os.statvfs(shm)
+        total += (fs.f_blocks - fs.f_bfree) * fs.f_frsize // 1024
+    except OSError:
+        pass
+    return total
+
+
 def meminfo_values(state: dict[str, Any]) -> dict[str, int]:
     mem = state["memory"]
-    used = sum(int(c["kib"]) for c in mem["consumers"].values())
+    used = sum(int(c["kib"]) for c in mem["consumers"].values()) + int(mem.get("processes_kib", 0))
     floor = 262144  # the kernel keeps reclaiming; free never reaches zero
     return {
         "total": mem["total_kib"], "used_by_consumers": used,

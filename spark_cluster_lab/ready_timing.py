@@ -85,7 +85,8 @@ def time_up(inventory: Path, deadline_s: float = 400.0) -> ReadyTiming:
     seen: dict[str, object] = {}
     watch = f"python3 -c {shlex.quote(WATCH)} {shlex.quote(plan.head.log_path)} {deadline_s:.0f}"
     watcher = threading.Thread(target=lambda: seen.setdefault("line", spark_cluster(
-        "exec", str(inventory), "--node", plan.head.node, "--", watch, timeout=deadline_s + 20)))
+        "exec", str(inventory), "--node", plan.head.node, "--timeout", f"{deadline_s + 10:.0f}", "--", watch,
+        timeout=deadline_s + 20)))
     prober = threading.Thread(target=lambda: seen.setdefault(
         "answer", first_answer(plan.endpoint, plan.served_model_name, deadline_s)))
     watcher.start()

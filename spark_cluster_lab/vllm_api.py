@@ -5,8 +5,9 @@
 vLLM 0.19/0.33 serve, with vLLM's shapes and codes:
 
     GET  /health, GET|POST /ping   200 with an empty body; 503 once `server.engine.dead` is set
-    GET  /version                  {"version": "0.19.0"}
-    GET  /load                     {"server_load": 0}
+    GET  /version                  {"version": "0.33.0"} (the version the double emulates)
+    GET  /load                     {"server_load": N}: requests from arrival to last byte, with
+                                   `load_tracking` (--enable-server-load-tracking), else 0
     GET  /v1/models                the model card list
     POST /v1/completions           text_completion, non-streaming or SSE
     POST /v1/chat/completions      chat.completion, non-streaming or SSE chat.completion.chunk
@@ -52,6 +53,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from spark_cluster_lab.vllm_args import VERSION
 from spark_cluster_lab.vllm_metrics import Metrics, StatLogger
 from spark_cluster_lab.vllm_rate import SEED_003_POINTS, TokenRate, filler_words
 from spark_cluster_lab.vllm_requests import ApiError, bad, limits, prompt_of
@@ -81,6 +83,9 @@ class VllmApiServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     stat_logger: StatLogger | None = None
+    load: int = 0  # /load's server_load
+    load_tracking: int = 0  # 1 with --enable-server-load-tracking
+    lock: threading.Lock
 
     def shutdown(self) -> None:
         """Stop serving, abort requests in flight and close the socket."""
@@ -164,7 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/version":
             self._json(200, {"version": s.version})
         elif path == "/load":
-            self._json(200, {"server_load": 0})
+            self._json(200, {"server_load": s.load})
         elif path == "/v1/models":
             self._json(200, {"object": "list", "data": [self._model_card()]})
         elif path == "/metrics":
@@ -210,6 +215,23 @@ class _Handler(BaseHTTPRequestHandler):
     # -- generation
 
     def _generate(self, req: dict[str, Any], chat: bool) -> None:
+        """vLLM's load_aware_call around the request: counted from its arrival to its last byte; a
+        non-streamed one whose client went away is never counted down (vLLM's own way)."""
+        s = self.server
+        with s.lock:
+            s.load += s.load_tracking
+        gone = False
+        try:
+            self._answer(req, chat)
+        except (BrokenPipeError, ConnectionResetError):
+            gone = not req.get("stream")
+            raise
+        finally:
+            if not gone:
+                with s.lock:
+                    s.load -= s.load_tracking
+
+    def _answer(self, req: dict[str, Any], chat: bool) -> None:
         s = self.server
         model = req.get("model")
         if model is not None and model != s.model:
@@ -327,11 +349,14 @@ def serve_api(
     max_num_seqs: int = 256,
     kv_cache_tokens: int | None = None,
     answer_tokens: int = 16,
-    version: str = "0.19.0",
+    version: str = VERSION,
     error_style: Literal["nested", "flat"] = "nested",
     stats_log: Callable[[str], None] | None = None,
     stats_interval: float = 10.0,
     hung: Callable[[], bool] | None = None,
+    stall_log: Callable[[float], None] | None = None,
+    stall_every_s: float = 60.0,
+    load_tracking: bool = False,
 ) -> VllmApiServer:
     """Start the double on (host, port) (port 0: any free one; see `.server_address` / `.url`).
 
@@ -339,7 +364,8 @@ def serve_api(
     connections. `kv_cache_tokens` (default 8 × max_model_len) is the KV capacity behind
     vllm:kv_cache_usage_perc; `max_num_seqs` running requests at most, the rest wait.
     `stats_log` receives vLLM's periodic throughput line every `stats_interval` seconds
-    (VLLM_LOG_STATS_INTERVAL) when the engine was busy.
+    (VLLM_LOG_STATS_INTERVAL) when the engine was busy. `hung`, `stall_log`, `stall_every_s`: a
+    step that does not return, and vLLM's line about it (vllm_scheduler).
     """
     if error_style not in ("nested", "flat"):
         raise ValueError(f"error_style must be 'nested' or 'flat', not {error_style!r}")
@@ -355,7 +381,10 @@ def serve_api(
     server.created = int(time.time())
     server.engine = Scheduler(model=model, max_model_len=max_model_len, rate=rate, max_num_seqs=max_num_seqs,
                               kv_cache_tokens=kv_cache_tokens or 8 * max_model_len,
-                              metrics=Metrics(model, max_model_len), hung=hung or (lambda: False))
+                              metrics=Metrics(model, max_model_len), hung=hung or (lambda: False),
+                              stall_log=stall_log or (lambda seconds: None), stall_every_s=stall_every_s)
+    server.lock = threading.Lock()
+    server.load_tracking = int(load_tracking)
     server.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                      name=f"vllm-api-{server.server_address[1]}", daemon=True)
     server.thread.start()

@@ -1,6 +1,8 @@
-"""`vllm serve` argument parsing for the lab's vLLM TEST DOUBLE (emulating vLLM 0.19.0).
+"""`vllm serve` argument parsing for the lab's vLLM TEST DOUBLE (emulating vLLM 0.33.0, the version
+the recipes are written for first and `up` spells them for when the emulator reports it).
 
-Flag names, short forms, choices and defaults follow vLLM 0.19's `vllm/engine/arg_utils.py`.
+Flag names, short forms, choices and defaults follow vLLM 0.33's `vllm/engine/arg_utils.py`
+(`--gpu-memory-utilization` 0.92).
 Unknown flags are rejected the way argparse does for vLLM:
 `vllm: error: unrecognized arguments: --x`, exit status 2.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-VERSION = "0.19.0"
+VERSION = "0.33.0"
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4",
                    "fp8_per_token_head")  # the last two: 0.33
 # 0.33's KernelConfig choices (vllm/config/kernel.py); vLLM lower-cases them and reads '-' as '_'.
@@ -24,11 +26,15 @@ LOAD_FORMATS = ("auto", "hf", "bitsandbytes", "dummy", "fastsafetensors", "gguf"
                 "npcache", "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state",
                 "tensorizer")
 BACKENDS = ("ray", "mp", "uni", "external_launcher")
+# Variables 0.19/0.20 read that 0.33's vllm/envs.py no longer has: it warns "Unknown vLLM environment
+# variable detected" and goes on (the kernel choices are flags now: --moe-backend, --linear-backend).
+REMOVED_ENV = ("VLLM_ATTENTION_BACKEND", "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_MXFP4_USE_MARLIN",
+               "VLLM_NVFP4_GEMM_BACKEND")
 DTYPES = ("auto", "bfloat16", "float", "float16", "float32", "half")
 
 # (dest, default) pairs whose non-default values appear in the `non-default args:` dump.
 DESCRIPTION = (
-    "TEST DOUBLE of vLLM 0.19.0 for spark-cluster's lab: it parses `vllm serve` arguments, builds a Ray "
+    f"TEST DOUBLE of vLLM {VERSION} for spark-cluster's lab: it parses `vllm serve` arguments, builds a Ray "
     "placement group as vLLM's Ray executor does (or joins --nnodes nodes as its mp executor does, "
     "--headless on node ranks > 0), reads a small real safetensors checkpoint, prints vLLM's "
     "log lines and serves an OpenAI-compatible API with a model of the engine. It is not vLLM and runs no model."
@@ -79,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--distributed-executor-backend", choices=BACKENDS, default=None)
     a("--quantization", "-q", default=None)
     a("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
-    a("--gpu-memory-utilization", type=float, default=0.9)
+    a("--gpu-memory-utilization", type=float, default=0.92)
     a("--kv-cache-memory-bytes", default=None)
     a("--max-model-len", type=_int_or_auto, default=None)
     a("--max-num-seqs", type=int, default=None)
@@ -102,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disable-custom-all-reduce", action="store_true", default=False)
     a("--disable-log-stats", action="store_true", default=False)
     a("--enable-log-requests", action=switch, default=False)
+    a("--enable-server-load-tracking", action=switch, default=False)
     a("--tool-call-parser", default=None)
     a("--reasoning-parser", default=None)
     a("--enable-auto-tool-choice", action=switch, default=False)

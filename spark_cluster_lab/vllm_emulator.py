@@ -1,4 +1,4 @@
-"""A TEST DOUBLE of `vllm serve` (vLLM 0.19.0) for spark-cluster's lab: `python -m
+"""A TEST DOUBLE of `vllm serve` (vLLM 0.33.0) for spark-cluster's lab: `python -m
 spark_cluster_lab.vllm_emulator serve MODEL [ARGS]`.
 
 What is real: argument parsing with vLLM's flag names (`vllm_args`), the HF-cache model lookup,
@@ -8,9 +8,10 @@ driver's bundles first (vLLM 0.33's Ray executor), one Ray actor of class `RayWo
 node's disk in chunks, paced by `SPARK_LAB_LOAD_MBPS` (MB/s, default 200), and the HTTP server of
 `vllm_api.serve_api`. What is modelled: everything GPU (compile, KV cache, CUDA graphs).
 
-The log lines are vLLM 0.19.0's: `LEVEL MM-DD HH:MM:SS [file.py:NN] msg`
-on stdout; every line of this process carries `(APIServer pid=N) ` or `(EngineCore pid=N) ` as 0.19's
-`decorate_logs` does (the engine runs in this same process here, so both pids are this one's);
+The log lines are vLLM 0.33's logger format (vllm_log): `(APIServer pid=N) LEVEL MM-DD HH:MM:SS
+[file.py:NN] msg` on stdout, or `(EngineCore pid=N) ` (the engine runs in this same process here, so
+both pids are this one's), each line of a multi-line message with its own header; uvicorn's lines,
+tqdm's bar and an uncaught traceback carry none;
 worker lines arrive through Ray's own log forwarding as `(RayWorkerProc pid=W[, ip=X]) (Worker_TP1 pid=W) …`;
 the Ray executor follows 0.33: each rank gets the driver's whole environment less the non-carry-over
 list, applied with setdefault, and a rank's error reaches the driver as a `RayTaskError`;
@@ -92,6 +93,24 @@ def api_keys(flag: str | list[str] | None, environ: dict[str, str] | None = None
     return [k for k in (given or [env.get("VLLM_API_KEY")]) if k]
 
 
+def _hung(engine: Engine) -> Any:
+    """A step does not return while the engine-hang fault holds this node, or while a headless
+    node's ranks stop answering (a frozen process there: vllm_mp_head's heartbeat)."""
+    fault = node_memory.hang_flag(time.time())
+    return lambda: fault() or (engine.mp is not None and engine.mp.stalled())
+
+
+def _stall_line(seconds: float) -> None:
+    """vLLM's shm_broadcast wait line, as its EngineCore logs it while a step does not return."""
+    PREFIX.local.name = "EngineCore"
+    try:
+        log("INFO", "shm_broadcast.py:871", f"No available shared memory broadcast block found in {int(seconds)} "
+            "seconds. This typically happens when some processes are hanging or doing some time-consuming work "
+            "(e.g. compilation, weight/kv cache quantization).")
+    finally:
+        PREFIX.local.name = None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = vllm_args.parse(argv)  # argparse exits 2 by itself
@@ -113,10 +132,12 @@ def main(argv: list[str] | None = None) -> int:
 
     served = (args.served_model_name or [args.model])[0]
     if args.headless:
-        PREFIX.name = ""  # run_headless never decorates its process's lines
+        PREFIX.name = "MainProcess"  # a headless node's process, as vLLM's logger names it
     else:
         _logo(args.model)
     log("INFO", "utils.py:233", f"non-default args: {vllm_args.non_default_args(args)}")
+    for name in sorted(set(os.environ) & set(vllm_args.REMOVED_ENV)):  # 0.33's Platform.validate_environ
+        log("WARNING", "interface.py:1458", f"Unknown vLLM environment variable detected: {name}")
     if args.enforce_eager:  # today's vLLM (0.32), while it builds the config: every node, headless too
         log("WARNING", "vllm.py:1703", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel "
             "warmup. This is equivalent to setting -cc.mode=none -cc.cudagraph_mode=none and "
@@ -154,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         log("INFO", "model.py:1510", f"Using max model len {max_len}")
         return vllm_mp_headless.run_headless(args, snapshot, world, max_len)
     host = args.host or "0.0.0.0"
-    # 0.19 binds the port now but listens only when uvicorn starts: connections are refused meanwhile.
+    # vLLM binds the port now but listens only when uvicorn starts: connections are refused meanwhile.
     reserve = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -195,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 root = root.args[0]
             if engine.workers:  # let Ray forward the failing worker's own error lines first
                 PREFIX.wait_for("This might cause deadlock", 1, 5.0)
-            log("ERROR", "core.py:1108", "EngineCore failed to start.")
-            _fatal_traceback(root)
+            _fatal_traceback(root, "core.py:1108", "EngineCore failed to start.")  # logger.exception
             engine.shutdown(ok=False)
             PREFIX.name = "APIServer"
             _fatal_traceback(RuntimeError("Engine core initialization failed. See root cause above. "
@@ -212,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                            rate=TokenRate(scale=float(os.environ.get("SPARK_LAB_RATE_SCALE", "1"))),
                            stats_log=lambda line: log("INFO", "loggers.py:257", line),
                            stats_interval=float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10")),
-                           hung=node_memory.hang_flag(time.time()))
+                           # the executor waits on its workers' shared-memory queue; `uni` has none
+                           hung=_hung(engine), stall_log=_stall_line if backend != "uni" else None,
+                           stall_every_s=float(os.environ.get("VLLM_RINGBUFFER_WARNING_INTERVAL", "60")),
+                           load_tracking=args.enable_server_load_tracking)
         holder["server"] = server
         log("INFO", "api_server.py:594", f"Starting vLLM server on http://{host}:{args.port}")
         log("INFO", "launcher.py:37", "Available routes are:")

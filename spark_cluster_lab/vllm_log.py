@@ -1,6 +1,9 @@
-"""How the vLLM test double logs, as vLLM 0.19 does: `LEVEL MM-DD HH:MM:SS [file.py:NN] msg`, every
-line of a process carrying `(NAME pid=N) ` (decorate_logs), and tracebacks on stdout; and the
-exceptions that end an engine (a failure, a signal).
+"""How the vLLM test double logs, as vLLM 0.33 does: its logger's format is
+`(NAME pid=N) LEVEL MM-DD HH:MM:SS [file.py:NN] msg`, every line of a multi-line message with the
+whole header again; what is written around the logger (tqdm's bars, uvicorn's lines, an uncaught
+traceback, the lines Ray forwards from its workers) carries no vLLM prefix. (0.19's
+`decorate_logs` prefixed every line a process wrote instead.) And the exceptions that end an
+engine (a failure, a signal).
 """
 
 from __future__ import annotations
@@ -19,46 +22,44 @@ from spark_cluster_lab import vllm_args
 VERSION = vllm_args.VERSION
 
 
-def _log_line(level: str, where: str, msg: str) -> str:
+def _log_lines(level: str, where: str, msg: str, prefix: str = "") -> str:
     stamp = time.strftime("%m-%d %H:%M:%S")
-    return f"{level} {stamp} [{where}] {msg}"
+    return "".join(f"{prefix}{level} {stamp} [{where}] {line}\n" for line in msg.split("\n"))
 
 
 def log(level: str, where: str, msg: str, stream: Any = None) -> None:
     s = stream or sys.stdout
-    s.write(_log_line(level, where, msg) + "\n")
+    s.write(_log_lines(level, where, msg, PREFIX.prefix()))
     s.flush()
 
 
 class Prefixer:
-    """0.19's decorate_logs: prefix every line written to stdout/stderr with `(NAME pid=N) `."""
+    """Who logs: the process's name in vLLM's logger format (`APIServer`, `EngineCore`,
+    `Worker_TP1`; "" for none), or a thread's own (mp ranks run as threads here); and how often
+    the watched lines went by on stdout, where Ray also forwards its workers' lines."""
 
     def __init__(self) -> None:
-        self.name = "APIServer"  # "" writes no prefix (a headless node's main process)
-        self.local = threading.local()  # a thread may name itself: mp ranks run as threads here
+        self.name = "APIServer"
+        self.local = threading.local()
         self.seen: dict[str, int] = {}
         self.lock = threading.Lock()
         self.watch = ("Model loading took", "Available KV cache memory", "This might cause deadlock")
 
-    def install(self, streams: tuple[Any, ...] | None = None) -> None:
-        for stream in streams or (sys.stdout, sys.stderr):
-            orig = stream.write
-            state = {"bol": True}
+    def prefix(self) -> str:
+        name = getattr(self.local, "name", None) or self.name
+        return f"({name} pid={os.getpid()}) " if name else ""
 
-            def write(text: str, _orig: Callable[[str], int] = orig, _state: dict = state) -> int:
+    def install(self, streams: tuple[Any, ...] | None = None) -> None:
+        """Count the watched lines written to `streams` (stdout by default); nothing is changed."""
+        for stream in streams or (sys.stdout,):
+            orig = stream.write
+
+            def write(text: str, _orig: Callable[[str], int] = orig) -> int:
                 with self.lock:
                     for w in self.watch:
                         if w in text:
                             self.seen[w] = self.seen.get(w, 0) + text.count(w)
-                    name = getattr(self.local, "name", None) or self.name
-                    prefix = f"({name} pid={os.getpid()}) " if name else ""
-                    out = []
-                    for piece in text.splitlines(keepends=True):
-                        if _state["bol"]:
-                            out.append(prefix)
-                        out.append(piece)
-                        _state["bol"] = piece.endswith("\n")
-                    return _orig("".join(out))
+                    return _orig(text)
 
             stream.write = write  # type: ignore[method-assign]
 
@@ -86,6 +87,12 @@ class EngineFailed(Exception):
     pass
 
 
-def fatal_traceback(exc: BaseException) -> None:
-    sys.stdout.write("".join(traceback.format_exception(exc)))
-    sys.stdout.flush()
+def fatal_traceback(exc: BaseException, where: str | None = None, message: str = "") -> None:
+    """A traceback as Python prints an uncaught one (no header), or, with `where`, as the logger's
+    `logger.exception(message)` at `where` logs it (each line with the header)."""
+    text = "".join(traceback.format_exception(exc))
+    if where is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        log("ERROR", where, f"{message}\n{text.rstrip()}" if message else text.rstrip())

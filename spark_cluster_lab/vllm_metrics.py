@@ -34,7 +34,7 @@ _ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 40.0, 80.0]
 _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0]
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # the last two: 0.33
 
 
 class Metrics:
@@ -84,6 +84,9 @@ class Metrics:
                             "Histogram of time spent in PREFILL phase for request.", _LATENCY_BUCKETS)
         self.decode = hist("vllm:request_decode_time_seconds",
                            "Histogram of time spent in DECODE phase for request.", _LATENCY_BUCKETS)
+        # One observation per engine step that ran tokens: its count is the engine's heartbeat.
+        self.iteration = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                              [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
         token_buckets = _buckets_1_2_5(max_model_len)
         self.req_prompt = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets)
         self.req_gen = hist("vllm:request_generation_tokens", "Number of generation tokens processed.",

@@ -17,6 +17,8 @@ connection per headless node, one JSON object per line.
     head → headless  {"op": "call", "method": "init_device" | "load_model" | "compile_and_profile"}
     headless → head  {"op": "result", "method", "results"} | {"op": "error", "method", "rank", "error"}
     head → headless  {"op": "shutdown", "ok": bool}   (ok: orderly stop; not ok: the engine failed)
+    head → headless  {"op": "ping"}, every 0.25 s while serving; headless → head {"op": "pong"}: no pong
+                     for 2 s (the process frozen, or the engine-hang fault on that node) stalls every step
 A call carries no arguments: each node takes them from its own command line and environment
 (SPARK_LAB_LOAD_MBPS, SPARK_LAB_WEIGHTS_GIB, SPARK_LAB_FAULT), as spark-cluster gives every node both.
 A closed connection is a death: the head fails its engine ("Worker proc VllmWorker-R died

@@ -1,6 +1,8 @@
 """The head of vLLM's own multi-node mode in the test double (node rank 0; see vllm_mp for the
 protocol and which log lines are vLLM's): it listens, admits the headless nodes, runs its own ranks
-in-process and the others over their connections, and fails the engine when one dies.
+in-process and the others over their connections, and fails the engine when one dies. While
+serving it pings each headless node; one that stops answering (frozen) stalls every step, as a
+rank frozen in a collective stalls vLLM's.
 """
 
 from __future__ import annotations
@@ -22,11 +24,16 @@ from spark_cluster_lab.vllm_mp import (
 )
 
 
+PING_EVERY_S = 0.25
+STALL_AFTER_S = 2.0  # no answer to a ping this long: the node's ranks are stuck, every step waits on them
+
+
 class _Remote:
     def __init__(self, channel: Channel, hello: dict[str, Any], local: int) -> None:
         self.channel, self.node_rank = channel, int(hello["node_rank"])
         self.host, self.pid = hello.get("host"), hello.get("pid")
         self.ranks = list(range(self.node_rank * local, (self.node_rank + 1) * local))
+        self.answered = time.monotonic()  # its last pong
 
 
 class MpExecutor:
@@ -177,21 +184,36 @@ class MpExecutor:
         if self.fault == "silent-death":
             os._exit(137)
         self.call("compile_and_profile", max_len)
+        for r in self.remotes.values():
+            r.answered = time.monotonic()
         threading.Thread(target=self._monitor, daemon=True, name="MultiprocWorkerMonitor").start()
 
     # ---- while serving
+    def stalled(self) -> bool:
+        """A headless node's ranks stopped answering (its process frozen, or the engine-hang fault
+        there): every step needs them, as a collective needs every rank, so none returns."""
+        now = time.monotonic()
+        return not self.closing and any(now - r.answered > STALL_AFTER_S for r in self.remotes.values())
+
     def _monitor(self) -> None:
         vl.PREFIX.local.name = "EngineCore"
+        pinged = 0.0
         while not self.closing:
+            if time.monotonic() - pinged >= PING_EVERY_S:
+                pinged = time.monotonic()
+                for r in list(self.remotes.values()):
+                    r.channel.send({"op": "ping"})
             for r in list(self.remotes.values()):
-                msgs = r.channel.poll(0.2)
+                msgs = r.channel.poll(0.2 / max(1, len(self.remotes)))
+                if any(m.get("op") == "pong" for m in msgs or ()):
+                    r.answered = time.monotonic()
                 if msgs is None and not self.closing:
                     self._died_line(r.ranks[0])
                     vl.log("ERROR", "core.py:1013", "EngineCore encountered a fatal error.")
                     vl.PREFIX.local.name = "APIServer"
-                    vl.log("ERROR", "async_llm.py:486", "AsyncLLM output_handler failed.")
-                    vl.fatal_traceback(EngineDeadError(
-                        "EngineCore encountered an issue. See stack trace (above) for the root cause."))
+                    vl.fatal_traceback(EngineDeadError(  # logger.exception
+                        "EngineCore encountered an issue. See stack trace (above) for the root cause."),
+                        "async_llm.py:486", "AsyncLLM output_handler failed.")
                     if self.on_dead is not None:
                         self.on_dead()
                     return

@@ -75,8 +75,11 @@ def run_headless(args: argparse.Namespace, snapshot: Path, world: int, max_len: 
 
 
 def _serve_head(args: argparse.Namespace, channel: Channel, ranks: LocalRanks, max_len: int, head: str) -> int:
+    from spark_cluster_lab import node_memory
+
     method: str | None = None
     failed_at: float | None = None
+    hung = node_memory.hang_flag(time.time())  # the engine-hang fault on this node: its ranks stop answering
     while True:
         msgs = channel.poll(0.1)
         if msgs is None:  # MODELLED: the head stopped or died without a word
@@ -98,6 +101,8 @@ def _serve_head(args: argparse.Namespace, channel: Channel, ranks: LocalRanks, m
                             "a failure.")
                 ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")
                 return 0 if ok and failed_at is None else 1
+            if op == "ping" and not hung():
+                channel.send({"op": "pong"})
             if op == "call" and method is None and failed_at is None:
                 method = str(msg.get("method"))
                 ranks.start(method, call_args(method, args, max_len))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_cluster_lab import node_memory
-from spark_cluster_lab.vllm_log import Prefixer, host_ip, log
+from spark_cluster_lab.vllm_log import PREFIX, host_ip, log
 from spark_cluster_lab.vllm_model_files import shard_files
 
 CHUNK = 1 << 20
@@ -273,9 +273,7 @@ class RayWorkerProc(Worker):
         """0.33 `RayWorkerProc.initialize_worker`: the driver's variables fill in what this
         worker's own environment (its node's `ray start`) lacks; its own values win."""
         apply_driver_env(os.environ, driver_env_vars, "setdefault")
-        prefix = Prefixer()
-        prefix.name = self.name
-        prefix.install((sys.stdout,))  # the logger's lines; tqdm's bars on stderr carry no name in 0.33
+        PREFIX.name = self.name  # the logger's lines carry it; tqdm's bars on stderr do not
 
     def init_device(self) -> str:
         import ray

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,16 +27,3 @@ def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> 
 def on_node(inventory: Path, node: str, command: str) -> subprocess.CompletedProcess[str]:
     """One shell line on one node, through `spark-cluster exec`."""
     return cli("exec", str(inventory), "--node", node, "--", command, timeout=60)
-
-
-def fresh_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A two-node lab for one test module (yields its inventory); afterwards what the module
-    started is brought down with `down` and nothing of the lab is left."""
-    from spark_cluster_lab import lab as simlab
-
-    inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
-    simlab.down()
-    simlab.up(2, inventory_out=inventory, reboot_s=REBOOT_S)
-    yield inventory
-    cli("down", str(inventory))
-    assert simlab.down() == []

@@ -37,12 +37,31 @@ def test_levels_are_whole_numbers_from_1_to_256() -> None:
             parse_levels(bad)
 
 
-def test_the_usage_count_wins_and_the_first_token_is_the_first_content() -> None:
-    ticks = iter([10.0, 11.0])
+def test_the_usage_count_wins_and_every_chunk_with_choices_is_a_token_event() -> None:
+    """As `vllm bench serve` counts: the first chunk that carries choices is the first token (the
+    chat role's, whose content is empty, comes with the first token); the usage chunk is none."""
+    ticks = iter([10.0, 11.0, 12.0])
     tokens, first = parse_stream(STREAM, lambda: next(ticks))
-    assert (tokens, first) == (3, 10.0)  # the role chunk's empty content is not a token
+    assert (tokens, first) == (3, 10.0)
     without_usage = [line for line in STREAM if '"usage"' not in line]
-    assert parse_stream(without_usage, lambda: 0.0)[0] == 2  # counted chunks when no usage was sent
+    assert parse_stream(without_usage, lambda: 0.0)[0] == 3  # counted chunks when no usage was sent
+
+
+def test_a_chunk_whose_text_is_empty_is_timed_as_vllm_times_it() -> None:
+    """A byte-level token that does not end a UTF-8 character yet comes with empty content: skipping
+    it made one gap of two (ITL p99 78 ms against vLLM's 32.6) and, with 4 tokens decoded, no TTFT."""
+    from spark_cluster.ops.bench import read_stream
+
+    def chunk(content: str) -> str:
+        return 'data: {"choices":[{"index":0,"delta":{"content":' + json.dumps(content) + '}}]}'
+
+    lines = [chunk(""), chunk(""), chunk("\u00e9"), chunk(""), 'data: {"choices":[],"usage":{"completion_tokens":4,'
+             '"prompt_tokens":9}}', "data: [DONE]"]
+    ticks = iter([1.00, 1.02, 1.04, 1.06])
+    read = read_stream(lines, lambda: next(ticks))
+    assert read.tokens == 4 and read.times == (1.00, 1.02, 1.04, 1.06) and read.prompt_tokens == 9
+    sample = Sample(4, 0.5, 0.7, gaps=(0.02, 0.02, 0.02), last_s=0.56)
+    assert sample.tpot_s == pytest.approx(0.02)  # to the last token chunk, not to the stream's close
 
 
 def test_a_level_adds_tokens_over_its_wall_time_and_keeps_failures_out() -> None:

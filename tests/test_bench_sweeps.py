@@ -167,5 +167,5 @@ def test_the_view_shows_the_run_and_is_silent_for_json(monkeypatch: pytest.Monke
     monkeypatch.setattr(CONSOLES, "out", Console(file=out, width=200))
     bench_tables(run)
     bench_saved(run, [Path("o/x.png")])
-    assert "aggregate tok/s" in out.getvalue() and "wrote o/bench.json, o/x.png" in out.getvalue()
+    assert "tok/s: aggregate" in out.getvalue() and "wrote o/bench.json, o/x.png" in out.getvalue()
     assert "compare: nothing measured here was measured in old" in out.getvalue()

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab
+from lab_cli import LAB_MARKS, cli
 
 from spark_cluster_lab import lab as simlab
 from spark_cluster_lab.breakage import break_node, heal_node
@@ -25,8 +25,8 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def inventory(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 @pytest.fixture
@@ -70,6 +70,7 @@ def test_hung_nvidia_smi_is_called_a_hang_and_a_reboot_clears_it(lab) -> None:
     started = time.monotonic()
     code, report = check(inventory)
     print(f"check with nvidia-smi hung: {time.monotonic() - started:.1f} s")
+    assert code == 1 and blockers(report) == [("spark-b", "driver.nvidia-smi-hung")], report["findings"]
     hit = finding(report, "driver.nvidia-smi-hung")
     assert "hung" in hit["message"] and "timed out" in hit["message"]
     assert not [f for f in report["findings"] if f["id"] in ("driver.modules-missing", "driver.module-not-loaded")]
@@ -82,6 +83,7 @@ def test_proprietary_modules_dry_run_then_repair(lab) -> None:
     lab_, inventory = lab
     break_node(lab_, "spark-b", "proprietary-modules")
     code, report = check(inventory)
+    assert code == 1 and blockers(report) == [("spark-b", "driver.proprietary-modules")], report["findings"]
     assert "RmInitAdapter failed!" in finding(report, "driver.proprietary-modules")["evidence"]
     done = cli("fix", str(inventory), "--dry-run")
     assert done.returncode == 0, done.stderr
@@ -127,5 +129,9 @@ def test_cable_in_the_other_port_is_named_and_heals(lab) -> None:
     assert hit["node"] == "spark-b" and "enp1s0f0np0 (rocep1s0f0) has" in hit["message"]
     done = cli("fix", str(inventory), "--yes")
     assert done.returncode == 1  # a cable is a hand's job: nothing to run
-    heal_node(lab_, "spark-b")
-    assert check(inventory)[0] == 0
+    assert "Traceback" not in done.stdout + done.stderr
+    code, report = check(inventory)  # and fix claimed nothing it did not do
+    assert code == 1 and blockers(report) == [("spark-b", "link.wrong-port")], report["findings"]
+    heal_node(lab_, "spark-b")  # the hand: the cable back in its port
+    code, report = check(inventory)
+    assert code == 0 and not [f for f in report["findings"] if f["id"].startswith("link.")], report["findings"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spark_cluster.core.guard_rules import GuardFacts, evaluate, in_step, known_bad
+from spark_cluster.core.guard_rules import GuardFacts, NodeVerdict, evaluate, in_step, known_bad, upgrade_steps
 from spark_cluster.core.parsers.apt_sim import (
-    AptAction, Policy, cma, entry_kernel, grub_default, parse_policy, parse_simulation,
+    AptAction, Policy, cma, entry_kernel, grub_default, parse_installed, parse_policy, parse_simulation,
 )
 from spark_cluster.programs import guard_hook
 
@@ -113,3 +113,46 @@ def test_apt_says_what_real_apt_says_when_a_hook_refuses() -> None:
     text = hook_input(3, [("hello", {"version": "2.10-3"})], {}, [], ["install", "hello"], "apt-get")
     real_lines = (DATA / "hook_v3_stdin.txt").read_text().split("\n\n", 1)[1].splitlines()
     assert text.split("\n\n", 1)[1].splitlines() == [line.replace("amd64", "arm64") for line in real_lines]
+
+
+# dpkg's lines in a real `apt-get -y dist-upgrade` on Ubuntu 24.04 (arm64): a Multi-Arch package
+# carries its architecture, a package set up twice (triggers) is one install.
+REAL_RUN = """Preparing to unpack .../libc6_2.39-0ubuntu8.4_arm64.deb ...
+Unpacking libc6:arm64 (2.39-0ubuntu8.4) over (2.39-0ubuntu8.3) ...
+Setting up libc6:arm64 (2.39-0ubuntu8.4) ...
+Setting up curl (8.5.0-2ubuntu10.6) ...
+Setting up linux-image-6.17.0-1018-nvidia (6.17.0-1018.18) ...
+Setting up libc6:arm64 (2.39-0ubuntu8.4) ...
+Processing triggers for man-db (2.12.0-4build2) ...
+"""
+
+
+def test_what_a_real_run_set_up_and_which_of_it_needs_a_reboot() -> None:
+    from spark_cluster.core.guard_rules import reboot_reasons
+
+    installed = parse_installed(REAL_RUN)
+    assert installed == ["libc6", "curl", f"linux-image-{K18}"]
+    assert reboot_reasons(installed) == [f"linux-image-{K18}"]
+    assert reboot_reasons(["curl", "linux-headers-6.17.0-1018-nvidia", "linux-image-nvidia-hwe-24.04"]) == []
+    needing = [f"{MOD}{K18}", "linux-modules-6.17.0-1018-nvidia", "nvidia-utils-580", "libnvidia-compute-580",
+               "linux-firmware", "nvidia-firmware-580-580.95.05"]
+    assert reboot_reasons(needing) == needing
+
+
+def test_the_upgrade_says_per_node_what_it_will_do_before_it_starts(capsys) -> None:  # noqa: ANN001
+    from spark_cluster.ui.guard_view import upgrade_plan
+
+    def verdict(node: str, *names: str) -> NodeVerdict:
+        return NodeVerdict(node, True, K18 if names else K14, "580.95.05",
+                           [AptAction(n, None, "1", ("noble-updates",)) for n in names], [])
+
+    steps = upgrade_steps([verdict("spark-a"), verdict("spark-b", f"linux-image-{K18}", f"{MOD}{K18}", "curl"),
+                           verdict("spark-c", "curl")])
+    assert [(s.node, s.reboots) for s in steps] == [("spark-a", False), ("spark-b", True), ("spark-c", False)]
+    upgrade_plan(steps)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["spark-a  nothing to install: not upgraded, not rebooted",
+                   f"spark-b  3 packages to install, then a reboot into kernel {K18}",
+                   f"  which needs it for linux-image-{K18}",
+                   f"                     {MOD}{K18}",
+                   "spark-c  1 package to install; no reboot (no kernel, driver or firmware)"]

@@ -22,12 +22,11 @@ REBOOT_S = 3.0  # short reboots: --upgrade takes two
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory: pytest.TempPathFactory):
-    path = tmp_path_factory.mktemp("lab") / "sim.yaml"
-    simlab.down()
-    simlab.up(2, inventory_out=path, reboot_s=REBOOT_S)
-    yield path
-    assert simlab.down() == []
+def inventory(sim_inventory: Path) -> Path:
+    lab_ = simlab.load_lab()
+    assert lab_ is not None
+    simlab.set_reboot_seconds(lab_, REBOOT_S)  # the next module's restore sets the lab's pace back
+    return sim_inventory
 
 
 @pytest.fixture
@@ -137,6 +136,30 @@ def test_upgrade_moves_both_nodes_in_step_and_check_passes(lab) -> None:
     assert check.returncode == 0, check.stdout
     rc, data = guard_json(inventory)
     assert rc == 0 and all(n["upgrade"] == [] for n in data["nodes"])
+
+
+def test_upgrade_reboots_only_the_node_that_installs_a_kernel(lab) -> None:
+    lab_, inventory = lab
+    with locked_state(lab_.node("spark-b").paths) as state:
+        offer_kernel(state, "6.17.0-1018-nvidia", with_modules=True)
+    boot = {name: on_node(inventory, name, "cat /proc/sys/kernel/random/boot_id").stdout
+            for name in ("spark-a", "spark-b")}
+    done = cli("guard", str(inventory), "--upgrade", "--yes", "--reboot-wait", "120", timeout=600)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    # Said per node before anything starts; spark-a is left alone.
+    said = out.index("upgrading spark-b; the cluster stops first")
+    assert out.index("spark-a  nothing to install: not upgraded, not rebooted") < said
+    plan = re.search(r"spark-b  \d+ packages to install, then a reboot into kernel 6.17.0-1018-nvidia\n"
+                     r"  which needs it for linux-image-6.17.0-1018-nvidia\n", out)
+    assert plan and plan.start() < said, out
+    assert "spark-a  apt-get" not in out and "spark-a  rebooting" not in out
+    assert "spark-b  set up linux-image-6.17.0-1018-nvidia" in out
+    assert "spark-b  healthy on 6.17.0-1018-nvidia" in out
+    assert "upgraded spark-b (rebooted into 6.17.0-1018-nvidia)" in out
+    assert on_node(inventory, "spark-a", "cat /proc/sys/kernel/random/boot_id").stdout == boot["spark-a"]
+    assert on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id").stdout != boot["spark-b"]
+    assert on_node(inventory, "spark-a", "uname -r").stdout.strip().splitlines()[-1] == "6.17.0-1014-nvidia"
 
 
 def test_a_kernel_whose_modules_do_not_load_is_rolled_back_and_the_second_node_is_not_touched(lab) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from spark_cluster.ops import health
+from spark_cluster.core.hang import HangReading
+from spark_cluster.ops import engine_watch, health
 
 from spark_cluster import ui
 from spark_cluster.core.inventory import load_inventory
@@ -28,7 +29,8 @@ vllm:generation_tokens_total{engine="0",model_name="spark-lab/tiny-moe"} 300.0
 vllm:generation_tokens_total{engine="1",model_name="spark-lab/tiny-moe"} 12.0
 vllm:time_to_first_token_seconds_bucket{le="0.001"} 0.0
 """
-NODE_ANSWER = "127601228 123731620 \n36, 4.32\nup up\n"
+NODE_ANSWER = ("boot 1b2c\nmem 127601228 123731620\nsmi 0 36, 4.32\ncarrier enp1s0f1np1 1\n"
+               "carrier enP2p1s0f1np1 1\n")
 RAY_ANSWER = {"version": "2.60.0", "nodes": [
     {"ip": "192.168.100.10", "state": "ALIVE", "head": True, "gpus": 1, "message": ""},
     {"ip": "192.168.100.11", "state": "ALIVE", "head": False, "gpus": 1, "message": ""}]}
@@ -67,9 +69,11 @@ def served(monkeypatch: pytest.MonkeyPatch):
         seen.append((url, key))
         return state["answers"][url]
 
-    state = {"answers": answers(), "seen": seen}
+    state = {"answers": answers(), "seen": seen, "reading": HangReading("idle")}
     monkeypatch.setattr(health, "http", fake_http)
     monkeypatch.setattr(health, "RATE_WINDOW_S", 0.05)
+    # The engine's judging (probe and step counter) has tests of its own (test_engine_watch).
+    monkeypatch.setattr(engine_watch, "judge_once", lambda *a, **k: (state["reading"], None, None))
     return state
 
 
@@ -79,10 +83,15 @@ def test_metrics_are_summed_over_label_sets() -> None:
 
 
 def test_node_answer() -> None:
-    assert health.parse_node(NODE_ANSWER) == {"memory_used_gib": 3.7, "memory_available_gib": 118.0,
-                                              "gpu_temperature_c": 36.0, "gpu_power_w": 4.32,
-                                              "links": ["up", "up"]}
-    assert health.parse_node("")["memory_used_gib"] is None
+    from spark_cluster.core.node_sample import parse_probe
+
+    rails = ["enp1s0f1np1", "enP2p1s0f1np1"]
+    assert health.node_view(parse_probe(NODE_ANSWER), rails) == {
+        "memory_used_gib": 3.7, "memory_available_gib": 118.0, "gpu_temperature_c": 36.0, "gpu_power_w": 4.32,
+        "links": ["up", "up"], "links_down": [], "boot_id": "1b2c"}
+    cut = parse_probe(NODE_ANSWER.replace("enP2p1s0f1np1 1", "enP2p1s0f1np1 0"))
+    assert health.node_view(cut, rails)["links"] == ["up", "down"]
+    assert health.node_view(parse_probe(""), rails)["memory_used_gib"] is None
 
 
 def test_every_layer_healthy_with_ray(served) -> None:
@@ -108,7 +117,7 @@ def test_executor_mp_asks_no_ray_and_says_so(served, monkeypatch: pytest.MonkeyP
     out = io.StringIO()
     monkeypatch.setattr(ui.CONSOLES, "out", Console(file=out, width=200))
     ui.status_view(data, mp)
-    assert "ray not used (executor mp)" in out.getvalue() and out.getvalue().rstrip().endswith("healthy")
+    assert "ray not used (executor mp)" in out.getvalue() and out.getvalue().rstrip().endswith("\nhealthy")
     assert "ray" not in ui.summary_line(data).split("reachable")[1].split("vllm")[0]
 
 
@@ -134,7 +143,7 @@ def test_throughput_between_two_samples() -> None:
     assert health.throughput(before, after, 0.0) == {}
 
 
-def test_status_alone_samples_the_counters_twice(served, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_alone_samples_the_counters_over_a_window(served, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(health, "RATE_WINDOW_S", 0.2)
     calls = {"n": 0}
     base = served["answers"]
@@ -148,10 +157,11 @@ def test_status_alone_samples_the_counters_twice(served, monkeypatch: pytest.Mon
     monkeypatch.setattr(health, "http", counting)
     data = health.collect_status(SIM, Fleet([FakeNode("spark-a"), FakeNode("spark-b")]))
     rates = data["vllm"]["throughput"]
-    assert calls["n"] == 2 and rates["generation_tokens_per_s"] == 0.0
-    assert 50 / 0.4 < rates["prompt_tokens_per_s"] <= 50 / 0.2  # 50 tokens over a window of at least 0.2 s
+    # the first and the last of three reads (the middle one is what status shows), at least 0.2 s apart
+    assert calls["n"] == 3 and rates["generation_tokens_per_s"] == 0.0
+    assert 100 / 0.4 < rates["prompt_tokens_per_s"] <= 100 / 0.2
     again = health.collect_status(SIM, Fleet([FakeNode("spark-a"), FakeNode("spark-b")]), previous=data)
-    assert calls["n"] == 3 and again["vllm"]["throughput"]["prompt_tokens_per_s"] > 0  # watch: one sample each
+    assert calls["n"] == 4 and again["vllm"]["throughput"]["prompt_tokens_per_s"] > 0  # watch: one sample each
 
 
 def test_status_view_names_each_ray_node_and_says_healthy(served, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -164,4 +174,32 @@ def test_status_view_names_each_ray_node_and_says_healthy(served, monkeypatch: p
     text = out.getvalue()
     assert "  spark-a    192.168.100.10  ALIVE  1 GPU  head" in text
     assert "  spark-b    192.168.100.11  DEAD  1 GPU" in text
-    assert text.rstrip().endswith("not healthy")
+    assert text.rstrip().endswith("blocked: runtime-unhealthy")
+    assert "  Ray has no live node with a GPU for spark-b" in text
+
+
+def test_a_hung_engine_makes_status_say_hung_with_its_evidence(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    served["reading"] = HangReading("hung", 12.0, ("no engine step for 12 s (vllm:iteration_tokens_total count "
+                                                   "at 40)", "our 1-token probe unanswered for 11 s"))
+    data = health.collect_status(SIM, Fleet([FakeNode("spark-a"), FakeNode("spark-b")]))
+    assert data["healthy"] is False and data["vllm"]["healthy"] is True  # /health 200 all the same
+    assert data["verdict"] == {"state": "hung", "cause": "engine-hang", "node": None,
+                               "evidence": list(served["reading"].evidence)}
+    out = io.StringIO()
+    monkeypatch.setattr(ui.CONSOLES, "out", Console(file=out, width=200))
+    ui.status_view(data, SIM)
+    text = out.getvalue()
+    assert text.rstrip().endswith("hung: engine-hang") and "  our 1-token probe unanswered for 11 s" in text
+    assert "HUNG: engine-hang" in ui.summary_line(data) and "no engine step for 12 s" in ui.summary_line(data)
+
+
+def test_a_rail_without_carrier_blocks_serving_and_is_named(served) -> None:
+    class Unplugged(FakeNode):
+        def run(self, command: str, **kw: object) -> Result:
+            result = super().run(command, **kw)
+            return Result(self.name, command, result.stdout.replace(" 1\n", " 0\n"), "", 0, 0.01)
+
+    data = health.collect_status(SIM, Fleet([FakeNode("spark-a"), Unplugged("spark-b")]))
+    assert data["healthy"] is False and data["nodes"]["spark-b"]["links"] == ["down", "down"]
+    assert data["verdict"]["state"] == "blocked" and data["verdict"]["cause"] == "link-down"
+    assert data["verdict"]["node"] == "spark-b"

@@ -51,6 +51,17 @@ EXPECTED = {
     "dmesg-lockdown-unsigned.txt": ["driver.secure-boot-rejected"],
     "insmod-required-key.txt": ["driver.secure-boot-rejected"],
     "journal-modules-load-key-rejected.txt": ["driver.secure-boot-rejected"],
+    # issue 29: nvidia-smi failing after a kernel update, on hosts that are not Sparks
+    "nvsmi-01-ubuntu-runfile-driver-new-kernel-no-module-find-lib-modules.txt": ["driver.modules-missing"],
+    "nvsmi-02-popos-prose-uname-r-modprobe-not-found-in-directory.txt": ["driver.modules-missing"],
+    "nvsmi-03-gce-after-kernel-upgrade-nvidia-smi-only.txt": ["driver.unreachable"],
+    "nvsmi-04-new-kernel-dkms-install-bad-return-status.txt": ["driver.dkms-build-failed"],
+    "nvsmi-05-kernel-without-module-tree-kmod-moddep.txt": ["driver.modules-missing"],
+    "nvsmi-06-backtick-wrapped-single-line-dkms-kernel.txt": ["driver.unreachable"],
+    # held out (scored before and after the change)
+    "ho-host-arch-dkms-bad-return-status-new-kernel.txt": ["driver.dkms-build-failed"],
+    "ho-host-centos-root-prompt-smi-modprobe-not-found.txt": ["driver.unreachable"],
+    "ho-host-fedora-smi-fails-modinfo-version-fenced.txt": ["driver.unreachable"],
 }
 
 
@@ -245,3 +256,50 @@ def test_cli_nothing_recognised_or_unreadable_exits_2(tmp_path: Path, capsys: py
     assert rc == 2 and f"{prose}: no output of a known command found" in err
     rc, _, err = _run(["diagnose", "--host-output", str(tmp_path / "missing.txt")], capsys)
     assert rc == 2 and "cannot read" in err and "hint:" in err
+
+
+# --- issue 29: a kernel update on hosts that are not Sparks ---
+
+def test_a_runfile_driver_listed_by_find_is_rebuilt_not_replaced_by_a_spark_package() -> None:
+    data = diagnose_host_output(sample("nvsmi-01-ubuntu-runfile-driver-new-kernel-no-module-find-lib-modules.txt"))
+    assert ("nvidia_files", 'find /lib/modules/ -name "*nvidia*"') in [(s["kind"], s["command"]) for s in data["recognised"]]
+    (hit,) = data["findings"]
+    assert "3.13.0-116-generic" in hit["message"] and ".run installer" in hit["message"]
+    assert "/lib/modules/3.13.0-88-generic/kernel/drivers/video/nvidia.ko" in hit["evidence"]
+    assert "nvidia-uninstall" not in hit["evidence"]  # the paste does not show it
+    assert "NVIDIA-Linux-x86_64-<version>.run --dkms" in hit["fix"]["note"]  # uname -a says x86_64
+    assert "linux-modules-nvidia" not in json.dumps(hit)
+
+
+@pytest.mark.parametrize("name, kernel", [
+    ("nvsmi-02-popos-prose-uname-r-modprobe-not-found-in-directory.txt", "5.17.5-76051705-generic"),
+    ("nvsmi-05-kernel-without-module-tree-kmod-moddep.txt", "3.4.0+"),  # named by kmod's moddep line alone
+])
+def test_a_kernel_without_modules_that_is_no_spark_s_gets_no_spark_package(name: str, kernel: str) -> None:
+    (hit,) = diagnose_host_output(sample(name))["findings"]
+    assert hit["id"] == "driver.modules-missing" and f"running kernel {kernel}" in hit["message"]
+    assert hit["fix"]["playbook"] is None and "-open-" not in json.dumps(hit)
+    assert f"dkms autoinstall -k {kernel}" in hit["fix"]["note"]
+
+
+def test_prose_with_inline_code_is_read_as_the_commands_and_outputs_in_it() -> None:
+    data = diagnose_host_output(sample("nvsmi-02-popos-prose-uname-r-modprobe-not-found-in-directory.txt"))
+    assert [(s["kind"], s["command"]) for s in data["recognised"]] == [
+        ("uname", "uname -r"), ("apt_install", "sudo apt update"), ("apt_install", "sudo apt upgrade"),
+        ("nvidia_smi", "nvidia-smi"), ("modprobe", "sudo modprobe nvidia")]
+    assert not data["ok"]
+    # a line of the tools' own output keeps its backticks (apt's and dkms's quotes)
+    line = "==> WARNING: `dkms install --no-depmod nvidia/470.256.02 -k 6.14.4-arch1-2' exited 10"
+    assert [s.lines for s in split_paste("$ dkms status\n" + line)] == [[line]]
+
+
+def test_a_dkms_command_names_the_module_its_failure_is_for() -> None:
+    (hit,) = diagnose_host_output(sample("nvsmi-04-new-kernel-dkms-install-bad-return-status.txt"))["findings"]
+    assert hit["id"] == "driver.dkms-build-failed"
+    assert "(nvidia 470.86) for kernel 5.13.18-21.09.16.amdgpu.ubuntu" in hit["message"]
+    assert "linux-modules-nvidia" not in hit["fix"]["note"]  # no Spark package for a custom kernel
+
+
+def test_a_paste_that_shows_nothing_known_is_never_ok() -> None:
+    data = diagnose_host_output("I updated and rebooted, now the second screen is dark.\n")
+    assert (data["ok"], data["recognised"], data["findings"]) == (False, [], [])

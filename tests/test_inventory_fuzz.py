@@ -8,9 +8,11 @@ problem must carry a usable line and a one-line message.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -37,6 +39,13 @@ YAMLISH = [
     "cluster:", "nodes:", "model:", "\n", "  ", "    ", "- ", ": ", "name", "a", "1", "{", "}", "[", "]", ",",
     "&x ", "*x", "!!int ", "!!str ", "!foo ", "<<: ", "---\n", "...\n", "? ", "|\n", ">-\n", "#", "'", '"', "\t",
     "~", "yes", "0x_", "2024-13-45", "1e5", ".nan", "-.inf", "0o17", "1:30", "%YAML 1.1\n", "\r", "\ufeff",
+]  # fmt: skip
+
+# Number literals too long to print: Python refuses to turn an int of over 4,300 digits into
+# text, so any message that names such a value must say it another way.
+HUGE_NUMBERS = [
+    "0x" + "f" * 5000, "-0x" + "F" * 4400, "0o" + "7" * 6000, "0b" + "1" * 15000, "9" * 5000, "-" + "9" * 4400,
+    "0x_" + "f" * 5000, "1_" * 2500 + "1", "9" * 5000 + ".5", "1e" + "9" * 5000, "0x" + "f" * 5000 + ".5",
 ]  # fmt: skip
 
 scalars = st.one_of(
@@ -67,7 +76,7 @@ def check(text: str) -> None:
             assert isinstance(p.line, int) and 0 <= p.line <= last, p
             assert p.line >= 1 or "empty" in p.message, p
             assert p.message.strip() and "\n" not in p.message and "\n" not in p.hint, p
-            assert str(p).startswith("fuzz.yaml")
+            assert str(p).startswith("fuzz.yaml") and len(str(p)) < 2000, p
         assert [p.line for p in exc.problems] == sorted(p.line for p in exc.problems)
         return
     assert isinstance(inv, Inventory)
@@ -173,6 +182,20 @@ def test_mutated_lab_inventory(data: st.DataObject) -> None:
 )
 def test_random_structures(data: dict[str, Any]) -> None:
     check(dump(data))
+
+
+SCALAR_LINES = [i for i, line in enumerate(LAB_TEXT.splitlines()) if re.match(r"^\s*(?:- )?[a-z_]+: [^{\[#]", line)]
+
+
+@pytest.mark.parametrize("number", HUGE_NUMBERS, ids=lambda n: n[:4] + f"..{len(n)}")
+def test_a_huge_number_in_any_field_is_a_problem_that_prints(number: str) -> None:
+    """Every `key: value` line of the lab file, its value a number literal of thousands of digits:
+    an InventoryError whose message prints, never an exception from formatting it."""
+    assert len(SCALAR_LINES) > 20
+    lines = LAB_TEXT.splitlines()
+    for i in SCALAR_LINES:
+        key = lines[i].split(": ", 1)[0]
+        check("\n".join(lines[:i] + [f"{key}: {number}"] + lines[i + 1:]) + "\n")
 
 
 def test_the_oracle_accepts_the_lab_and_sees_a_mutation() -> None:

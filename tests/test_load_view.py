@@ -112,7 +112,8 @@ def test_lines_say_each_phase_the_shards_with_eta_and_each_node_once() -> None:
     view.update(progress)
     view.update(progress)
     text = out.getvalue()
-    assert text.count("weights      shards 2/8 (25 %)  ETA 0:30  resident: spark-a +14.0 GiB, spark-b +14.0 GiB") == 1
+    assert text.count("weights      shards 2/8 (25 %)  ETA 0:30\n"
+                      "                         resident: spark-a +14.0 GiB, spark-b +14.0 GiB\n") == 1
     assert text.count("spark-b holds 28.81 GiB of weights") == 1
     assert text.index("engine-args") < text.index("ray") < text.index("workers") < text.index("shards 0/8 (0 %)")
     assert text.index("shards 0/8 (0 %)") < text.index("shards 2/8") < text.index("spark-a holds")
@@ -131,7 +132,7 @@ def test_the_live_panel_shows_phases_bar_eta_and_nodes() -> None:
     text = out.getvalue()
     assert "✓ engine-args" in text and "● weights" in text and "· compile" in text
     assert "2/8 shards  25 %  ETA 0:30" in text
-    assert "spark-a" in text and "+14.0 GiB resident of ~57.64" in text
+    assert "spark-a" in text and "+14.0 of ~57.64 GiB resident" in text
     assert "ready" not in text.split("vLLM starting")[1].split("\n", 1)[1]
 
 

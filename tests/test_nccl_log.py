@@ -77,3 +77,31 @@ def test_real_h100_run_parses() -> None:
     assert done["backend"] == "nccl" and done["nccl"] == "2.28.9" and "H100" in done["gpu"]
     found = parse_nccl(out)
     assert found.version == "2.28.9+cuda13.0" and found.network == "Socket" and found.via == []
+
+
+def _rows(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{") and '"size"' in line]
+
+
+def test_two_real_ranks_over_nvlink_read_p2p_not_the_idle_socket_plugin() -> None:
+    """Channel lines without a direction (`0[0] -> 1[1] via P2P/CUMEM`) are the ranks' transport;
+    the Socket plugin NCCL loaded after finding no HCA carried nothing, and `Using [RO]` is no HCA."""
+    out = (DATA / "h200-2gpu-p2p-nvlink.out").read_text()
+    found = parse_nccl(out)
+    assert found.version == "2.28.9+cuda13.0" and found.network == "Socket"
+    assert found.via == ["P2P/CUMEM"] and found.transport == "P2P/CUMEM"
+    assert found.hcas == [] and found.ib_devices_used == []
+    rows = _rows(out)
+    assert all(r["correct"] for r in rows) and rows[-1]["size"] == 1 << 30 and rows[-1]["busbw_gbs"] > 200
+    assert allgather_findings(SIM, _ag({"spark-a": found.as_dict()}, bus=rows[-1]["busbw_gbs"])) == []
+
+
+def test_two_real_ranks_forced_onto_sockets_read_net_socket_both_ways() -> None:
+    out = (DATA / "h200-2gpu-net-socket.out").read_text()
+    found = parse_nccl(out)
+    assert found.via == ["NET/Socket/0"] and found.transport == "NET/Socket" and found.sockets == ["lo"]
+    assert found.hcas == []
+    rows = _rows(out)
+    assert all(r["correct"] for r in rows) and 3.0 < rows[-1]["busbw_gbs"] < 4.0
+    socket = allgather_findings(SIM, _ag({"spark-b": found.as_dict()}, bus=rows[-1]["busbw_gbs"]))
+    assert [f.id for f in socket][0] == "link.nccl-socket"

@@ -12,7 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, fresh_lab
+from lab_cli import LAB_MARKS, REPO
+
+# `pip wheel` with build isolation fetches the build requirements; the user's install, the dependencies.
+pytestmark = pytest.mark.network
 
 # What a checkout holds that is no part of the package's source.
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
@@ -71,8 +74,8 @@ def user() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def _give(home: Path, path: Path, mode: int = 0o644) -> None:

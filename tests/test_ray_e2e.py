@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, cli, on_node
 
-from spark_cluster_lab import lab as simlab
 
 pytestmark = LAB_MARKS
 
@@ -37,8 +36,8 @@ def poll(predicate, deadline_s: float, interval_s: float = 1.0):  # noqa: ANN001
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def test_up_until_ray_brings_both_nodes_up_on_the_link(lab) -> None:
@@ -57,7 +56,18 @@ def test_up_until_ray_brings_both_nodes_up_on_the_link(lab) -> None:
     assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in env.stdout
 
 
-def test_second_up_reuses_the_cluster(lab) -> None:
+@pytest.fixture
+def ray_up(lab: Path) -> Path:
+    """Ray up on both nodes (the first test's when the tests run in order; one of its own for a
+    test run alone)."""
+    if status(lab)[0] != 0:
+        done = cli("up", str(lab), "--until", "ray")
+        assert done.returncode == 0, done.stdout + done.stderr
+    return lab
+
+
+def test_second_up_reuses_the_cluster(ray_up: Path) -> None:
+    lab = ray_up
     def session() -> str:  # the last line: the header above it carries the command's timing
         return on_node(lab, "spark-a", "cut -d' ' -f1 ~/.cache/spark-cluster/sim/ray.pid").stdout.splitlines()[-1]
 
@@ -87,7 +97,8 @@ for headers in ({}, {"Authorization": "Bearer " + token}):
 CLIENT = "import ray; ray.init(address='192.168.100.10:6379'); print('client connected')"
 
 
-def test_ray_refuses_whoever_lacks_the_token(lab) -> None:
+def test_ray_refuses_whoever_lacks_the_token(ray_up: Path) -> None:
+    lab = ray_up
     code, report = status(lab)  # `status` sends the token: Ray answers it
     assert code == 0 and alive(report) == {"192.168.100.10": 1.0, "192.168.100.11": 1.0}, report
     read = {node: on_node(lab, node, f"stat -c %a {TOKEN_FILE} && cat {TOKEN_FILE}").stdout.splitlines()[-2:]
@@ -122,7 +133,8 @@ def test_ray_refuses_whoever_lacks_the_token(lab) -> None:
     assert status(lab)[0] == 0
 
 
-def test_killed_worker_shows_dead_and_up_heals_it(lab) -> None:
+def test_killed_worker_shows_dead_and_up_heals_it(ray_up: Path) -> None:
+    lab = ray_up
     killed = on_node(lab, "spark-b", "pkill -KILL -x raylet && echo killed")
     assert "killed" in killed.stdout
     dead = poll(lambda: "192.168.100.11" not in alive(status(lab)[1]), 60)
@@ -135,7 +147,8 @@ def test_killed_worker_shows_dead_and_up_heals_it(lab) -> None:
     assert code == 0 and alive(report) == {"192.168.100.10": 1.0, "192.168.100.11": 1.0}
 
 
-def test_changed_configuration_needs_restart(lab, tmp_path: Path) -> None:
+def test_changed_configuration_needs_restart(ray_up: Path, tmp_path: Path) -> None:
+    lab = ray_up
     moved = tmp_path / "moved.yaml"
     moved.write_text(lab.read_text().replace("ray_port: 6379", "ray_port: 6380"))
     done = cli("up", str(moved), "--until", "ray")
@@ -151,7 +164,8 @@ def test_changed_configuration_needs_restart(lab, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_down_leaves_no_ray_anywhere(lab) -> None:
+def test_down_leaves_no_ray_anywhere(ray_up: Path) -> None:
+    lab = ray_up
     done = cli("down", str(lab))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("no process, container or port of the cluster left") == 2
@@ -192,17 +206,14 @@ def test_unreachable_node_on_down_is_reported_and_the_rest_cleaned(lab, tmp_path
     assert cli("down", str(lab)).returncode == 0
 
 
-def test_four_nodes_through_the_switch(tmp_path: Path) -> None:
-    # Runs last: replaces the module's two-node lab with a four-node one.
-    simlab.down()
-    inventory = tmp_path / "four.yaml"
-    simlab.up(4, inventory_out=inventory)
-    try:
-        done = cli("up", str(inventory), "--until", "ray")
-        assert done.returncode == 0, done.stdout + done.stderr
-        code, report = status(inventory)
-        assert code == 0
-        assert alive(report) == {f"192.168.100.{10 + i}": 1.0 for i in range(4)}
-        assert cli("down", str(inventory)).returncode == 0
-    finally:
-        assert simlab.down() == []
+@pytest.mark.lab_nodes(4)
+def test_four_nodes_through_the_switch(lab_of) -> None:
+    # Replaces the session's lab with a four-node one (such tests run last).
+    _, left, inventory = lab_of(4)
+    assert left == []
+    done = cli("up", str(inventory), "--until", "ray")
+    assert done.returncode == 0, done.stdout + done.stderr
+    code, report = status(inventory)
+    assert code == 0
+    assert alive(report) == {f"192.168.100.{10 + i}": 1.0 for i in range(4)}
+    assert cli("down", str(inventory)).returncode == 0

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, cli, on_node
 
 pytestmark = LAB_MARKS
 
@@ -34,8 +34,8 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def _sha(text: str) -> str:

@@ -48,7 +48,17 @@ def test_checks_on_a_real_driver_find_no_driver_fault() -> None:
         "     link: {mtu: 1500, rails: [{interface: eth0, hca: none, address: 10.0.0.1/24}]}}\n",
         "local.yaml",
     )
-    host = parse_facts("gpu-host", json.loads(FIXTURE.read_text()))
-    ids = {f.id for f in run_checks(inventory, {"gpu-host": host}, serve_plan_or_none(inventory))}
+    def driver_ids(raw: dict) -> set[str]:
+        host = parse_facts("gpu-host", raw)
+        return {f.id for f in run_checks(inventory, {"gpu-host": host}, serve_plan_or_none(inventory))
+                if f.id.startswith("driver.")}
+
     # The driver answers: no driver finding, though this machine has no lsmod to ask.
-    assert not {i for i in ids if i.startswith("driver.")}, ids
+    assert driver_ids(json.loads(FIXTURE.read_text())) == set()
+    # The same facts with nvidia-smi failing as it does without its module: the driver checks do
+    # run on this machine's facts, and find it.
+    broken = json.loads(FIXTURE.read_text())
+    broken["probes"]["nvidia_smi"] = {"rc": 9, "err": "", "out": (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running.\n")}
+    assert driver_ids(broken) == {"driver.modules-missing"}

@@ -131,6 +131,7 @@ needs_real = pytest.mark.skipif(engine.real_missing() is not None,
                                 reason=f"the real vLLM engine is not installed: {engine.real_missing()}")
 
 
+@pytest.mark.real_vllm
 @needs_real
 def test_the_installed_real_engine_has_its_workarounds() -> None:
     """The two workarounds of scripts/install.sh: no torchvision/torchaudio/torchcodec (they break

@@ -25,10 +25,17 @@ def phases(text: str) -> list[str]:
 def test_the_real_head_log_runs_its_phases_in_order_without_a_compile() -> None:
     text = HEAD.read_text()
     assert phases(text) == ["engine-args", "workers", "weights", "kv-cache", "api-server", "ready"]
-    data = diagnose_log(text)
+    # Ready, then stopped by `spark-cluster down` (SIGTERM): the log ends in 0.32's [shutdown] lines.
+    head = text.split("[shutdown] API server: shutdown triggered")[0]
+    data = diagnose_log(head)
     assert (data["outcome"], data["cause"], data["shards_loaded"], data["shards_total"]) == ("ready", None, 14, 14)
     # this build logs no "Model loading took … GiB": unknown, not a guess
     assert data["weights_gib"] == [] and data["load_seconds"] == 0.02
+    data = diagnose_log(text)
+    assert (data["outcome"], data["cause"], data["phase"]) == ("stopped", "sigterm", "ready")
+    assert data["evidence"].endswith("[shutdown] API server: shutdown triggered")
+    # what the stop tears down (0.32's "AsyncLLM output_handler failed", force-killed workers) is no failure
+    assert data["detail"] == {} and "not a vLLM failure" in data["next_step"]
 
 
 def test_the_enforce_eager_warning_is_no_compile_phase() -> None:
@@ -42,6 +49,16 @@ def test_the_enforce_eager_warning_is_no_compile_phase() -> None:
 def test_the_headless_worker_loads_and_never_serves() -> None:
     text = WORKER.read_text()
     data = diagnose_log(text)
-    assert (data["outcome"], data["phase"], data["cause"]) == ("loading", "weights", None)
+    # `down` ended it through its head: its executor's [shutdown] lines say only that the head went,
+    # as they would if the head had died, so they stop nothing here; its last step is sizing its KV
+    # cache ("Explicitly set (1.0/10.59) GiB for KV cache on node 0.")
+    assert (data["outcome"], data["phase"], data["cause"]) == ("loading", "kv-cache", None)
     assert data["shards_total"] is None and data["weights_gib"] == []
     assert phases(text)[0] == "engine-args" and "compile" not in phases(text)
+
+
+def test_a_kv_cache_too_small_fails_in_the_kv_cache_phase() -> None:
+    text = (HEAD.parent / "13-lab-vllm-0.32-cpu-1node-kv-cache-too-small.log").read_text()
+    data = diagnose_log(text)
+    assert (data["outcome"], data["cause"], data["phase"]) == ("failed", "kv-cache-memory", "kv-cache")
+    assert "No available memory for the cache blocks" in data["evidence"]

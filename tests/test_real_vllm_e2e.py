@@ -1,19 +1,22 @@
 """The main path against the real vLLM (its CPU build) on the lab: `up` with vLLM's own
 multi-node mode across both simulated Sparks, requests, `status`, `bench`, `logs`, a worker
-killed while serving, a port taken, a model missing, `down`; and the fidelity gate: the same
+killed while serving, `down` (a port taken, a model missing, a KV cache too small: on both engines in
+test_engine_faults_e2e); and the fidelity gate: the same
 `up` through the emulator gives the tracker the same phases and events as the real engine.
 
-One lab for the module; the real engine is started as few times as the checks allow."""
+The session's lab (tests/labs.py); the real engine is started as few times as the checks allow."""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, on_node
+from lab_cli import LAB_MARKS, REPO, cli, on_node
 
 from spark_cluster_lab import engine
 
@@ -27,17 +30,8 @@ SERVE = "[v]llm.entrypoints.cli.main serve"
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory):
-    from spark_cluster_lab import lab as simlab
-
-    inventory = tmp_path_factory.mktemp("lab") / "sim-real.yaml"
-    simlab.down()
-    began = time.monotonic()
-    simlab.up(2, inventory_out=inventory, engine="real")
-    print(f"lab up: {time.monotonic() - began:.1f} s")
-    yield inventory
-    cli("down", str(inventory))
-    assert simlab.down() == []
+def real(real_inventory: Path) -> Path:
+    return real_inventory
 
 
 def emulated(real: Path) -> Path:
@@ -104,9 +98,33 @@ def test_emulator_and_real_vllm_give_the_tracker_the_same_start(real: Path) -> N
     assert got == {"phases": ["engine-args", "workers", "weights", "kv-cache", "api-server", "ready"],
                    "shards": (8, 8), "end": "ready"}, got
     assert sequence(emu_events) == got
+    # Each node's memory grew by what its vLLM processes hold (the lab's meminfo follows the real
+    # processes, as a Spark's does): their anonymous resident memory and the node's /dev/shm.
+    grown = real_events[-1]["resident_gib"]
+    for node in ("spark-a", "spark-b"):
+        held = held_by_vllm(real, node)
+        assert held > 0.2 and abs(grown[node] - held) <= 0.1 * held, (node, grown[node], held)
 
 
-def test_chat_completions_come_from_real_vllm(real: Path) -> None:
+def held_by_vllm(inventory: Path, node: str) -> float:
+    """GiB the node's vLLM processes hold that no file backs (RssAnon), and its /dev/shm."""
+    out = on(inventory, node, "for p in $(pgrep -f '[vV][lL][lL][mM]'); do "
+                              "awk '/^RssAnon:/ {print $2}' /proc/$p/status; done; "
+                              "df -k --output=used /dev/shm | tail -n 1")
+    return sum(int(word) for word in out.split("\n", 1)[1].split()) / 2**20  # after exec's header line
+
+
+@pytest.fixture
+def serving(real: Path) -> Path:
+    """The real engine serving (the first test's start when the tests run in order; a start of
+    its own for a test run alone)."""
+    if not json.loads(cli("status", str(real), "--json").stdout).get("healthy"):
+        up_events(real)
+    return real
+
+
+def test_chat_completions_come_from_real_vllm(serving: Path) -> None:
+    real = serving
     answer = json.loads(chat())
     assert answer["system_fingerprint"].startswith(f"vllm-{engine.REAL_VERSION}")
     assert answer["usage"]["completion_tokens"] <= 6 and answer["choices"][0]["message"]["role"] == "assistant"
@@ -119,10 +137,47 @@ def test_chat_completions_come_from_real_vllm(real: Path) -> None:
     assert "raylet" not in on(real, "spark-a", "ps -eo args") + on(real, "spark-b", "ps -eo args")
 
 
-def test_status_bench_and_logs_read_the_real_server(real: Path) -> None:
+def test_every_metric_status_supervise_and_the_dashboard_read_is_the_real_engines(serving: Path) -> None:
+    """The names read from vLLM's /metrics by status (ops/health) and supervise (ops/supervise),
+    and the dashboard's queries of what supervise re-serves (vllm:x as vllm_x), are samples the
+    real engine serves: the emulator's /metrics uses the same names, and could drift alone."""
+    real = serving
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{HEAD}/metrics", timeout=30) as response:
+        served = {sample.name for family in text_string_to_metric_families(response.read().decode())
+                  for sample in family.samples}
+    ops = REPO / "spark_cluster" / "ops"
+    read = {name for module in ("health.py", "supervise.py")
+            for name in re.findall(r"\"(vllm:\w+)\"", (ops / module).read_text())}
+    assert {"vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"} <= read, read
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "spark-cluster.json").read_text())
+    queried = {"vllm:" + name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\bvllm_(\w+)", target["expr"])}
+    assert queried, dashboard["panels"]
+    assert read <= served, sorted(read - served)
+    assert queried <= served, sorted(queried - served)
+
+
+def test_status_bench_and_logs_read_the_real_server(serving: Path) -> None:
+    real = serving
     status = cli("status", str(real), "--json")
     report = json.loads(status.stdout)
     assert status.returncode == 0 and report["healthy"] is True, status.stdout
+    for node in ("spark-a", "spark-b"):  # what the engine holds is in use, beside the node's 3.7 GiB at rest
+        assert report["nodes"][node]["memory_used_gib"] >= 3.6 + 0.9 * held_by_vllm(real, node), report["nodes"]
+    # supervise re-serves the real engine's /metrics under names promtool's lint accepts
+    from prometheus_client import generate_latest
+
+    from spark_cluster.ops.metrics import Board, parse_vllm, registry_for
+
+    with urllib.request.urlopen(f"{HEAD}/metrics", timeout=10) as response:
+        page = response.read().decode()
+    assert "vllm:iteration_tokens_total_bucket{" in page
+    board = Board("sim-real", "spark-a", phase="serving", vllm=parse_vllm(page))
+    promtool = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(registry_for(board)),
+                              capture_output=True)
+    assert promtool.returncode == 0, promtool.stdout + promtool.stderr
     assert report["vllm"]["model"] == MODEL and report["vllm"]["metrics"]["generation_tokens_total"] > 0
     bench = cli("bench", str(real), "-c", "1,2", "--max-tokens", "16", "--json", timeout=300)
     assert bench.returncode == 0, bench.stdout + bench.stderr
@@ -145,7 +200,8 @@ def status_until(real: Path, ok, deadline_s: float = 90.0) -> dict:  # noqa: ANN
         time.sleep(2)
 
 
-def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(real: Path) -> None:
+def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(serving: Path) -> None:
+    real = serving
     # The rank process of the headless node (vLLM titles it VLLM::Worker_TP1), as the OOM killer would
     on(real, "spark-b", "pkill -9 -f 'VLLM::Worker_TP1'")
     try:
@@ -166,40 +222,11 @@ def test_a_worker_killed_while_serving_is_named_and_watch_brings_it_back(real: P
     assert "--headless" in on(real, "spark-b", f"pgrep -af '{SERVE}'")
 
 
-def test_down_leaves_no_process_port_or_shared_memory(real: Path) -> None:
+def test_down_leaves_no_process_port_or_shared_memory(serving: Path) -> None:
+    real = serving
     done = cli("down", str(real))
     assert done.returncode == 0, done.stdout + done.stderr
     for node in ("spark-a", "spark-b"):
         left = on(real, node, f"pgrep -af '{SERVE}'; ss -ltnH | grep -E ':(8000|29501) '; "
                               "ls -A /dev/shm; echo end")
         assert left.split("\n", 1)[1].strip() == "end", (node, left)  # after exec's header line
-
-
-def test_a_port_taken_on_the_head_ends_up_with_port_in_use(real: Path) -> None:
-    # SO_REUSEADDR: the connections of the server stopped a moment ago still hold 8000 in TIME_WAIT
-    hold = ("setsid python3 -c 'import socket, time; s = socket.socket(); "
-            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((\"0.0.0.0\", 8000)); s.listen(); "
-            "time.sleep(300)' </dev/null >/dev/null 2>&1 & echo $! > /tmp/port-holder.pid")
-    on(real, "spark-a", hold)
-    try:
-        held = "for i in $(seq 100); do ss -ltnH | grep -q ':8000 ' && exit 0; sleep 0.1; done; exit 1"
-        assert on_node(real, "spark-a", held).returncode == 0
-        done = cli("up", str(real), "--json", timeout=300)
-        assert done.returncode == 1, done.stdout + done.stderr
-        failed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")][-1]
-        assert failed["event"] == "failed" and failed.get("cause") == "port-in-use", failed
-    finally:
-        on(real, "spark-a", "kill $(cat /tmp/port-holder.pid); rm -f /tmp/port-holder.pid")
-    assert cli("down", str(real)).returncode == 0
-    for node in ("spark-a", "spark-b"):
-        assert on(real, node, f"pgrep -af '{SERVE}' || echo none").strip().endswith("\nnone")
-
-
-def test_the_model_missing_on_spark_b_blocks_before_anything_starts(real: Path) -> None:
-    on(real, "spark-b", "rm -rf /home/nvidia/.cache/huggingface/hub/models--spark-lab--tiny-moe")
-    check = cli("check", str(real))
-    assert check.returncode == 1 and "model.differs" in check.stdout and "spark-b" in check.stdout, check.stdout
-    done = cli("up", str(real))
-    assert done.returncode == 1, done.stdout + done.stderr
-    for node in ("spark-a", "spark-b"):
-        assert on(real, node, f"pgrep -af '{SERVE}' || echo none").strip().endswith("\nnone")

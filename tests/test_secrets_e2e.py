@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab
+from lab_cli import LAB_MARKS, cli
 
 pytestmark = LAB_MARKS
 
@@ -21,8 +21,8 @@ RAY_TOKEN = "~/.cache/spark-cluster/sim/ray_auth_token"
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def boxed(lab: Path, tmp_path: Path) -> Path:

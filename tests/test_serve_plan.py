@@ -321,3 +321,15 @@ def test_every_arg_word_reaches_the_node_quoted() -> None:
         line = start_command(command)
         assert shlex.quote("$VLLM_API_KEY") in line and '"$VLLM_API_KEY"' not in line
         assert shlex.quote("`id`") in line
+
+
+@pytest.mark.parametrize("executor", ["ray", "mp"])
+def test_every_launch_tracks_its_in_flight_requests_unless_told_not_to(executor: str) -> None:
+    """`--enable-server-load-tracking` (vLLM 0.19 to 0.33): GET /load is what tells a request stuck
+    behind a frozen rank from an idle engine; an inventory's `--no-` form is kept."""
+    inv = with_cluster(SIM, executor=executor)
+    plan = serve_plan(inv)
+    assert all(c.argv.count("--enable-server-load-tracking") == 1 for c in plan.commands if c.is_head)
+    off = serve_plan(with_model(inv, args=("--no-enable-server-load-tracking",)))
+    assert "--enable-server-load-tracking" not in off.head.argv
+    assert "--no-enable-server-load-tracking" in off.head.argv

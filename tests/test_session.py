@@ -59,3 +59,26 @@ def test_a_reused_pid_is_not_ours_and_is_never_signalled(tmp_path: Path) -> None
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_stopped_process_of_the_session_goes_with_the_term_not_after_the_grace(tmp_path: Path) -> None:
+    """A rank frozen by SIGSTOP keeps a TERM pending until it is continued: stopping vLLM
+    continues the session after the TERM, so a frozen rank ends at once, not at the KILL."""
+    import threading
+    import time
+
+    # The leader takes its child down on TERM, as vLLM's API server does; this test reaps it.
+    leader = subprocess.Popen(["setsid", "sh", "-c", "trap 'kill $!; exit' TERM; sleep 60 & wait"])
+    threading.Thread(target=leader.wait, daemon=True).start()
+    deadline = time.monotonic() + 5
+    while len(members := subprocess.run(["pgrep", "-s", str(leader.pid)], capture_output=True,
+                                        text=True).stdout.split()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / "vllm.pid").write_text(f"{leader.pid} {BOOT} {start_time(leader.pid)}\n")
+    subprocess.run(["kill", "-STOP", *members], check=True)
+    began = time.monotonic()
+    done = subprocess.run(["sh", "-c", stop_session_command(str(tmp_path), "vllm.pid", 20.0)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - began < 10  # not the 20 s grace
+    assert subprocess.run(["pgrep", "-s", str(leader.pid)], capture_output=True).returncode == 1

@@ -292,3 +292,68 @@ def test_the_nodes_init_renders_a_meminfo_left_behind_the_state(paths: NodePaths
     assert meminfo(paths)["MemAvailable"] == before - 50 * 2**20
     _free_ended(paths.root)
     assert meminfo(paths)["MemAvailable"] == before
+
+
+def test_code_under_tmp_and_var_tmp_is_bound_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clone or a virtualenv under /tmp or /var/tmp (each node has its own of both) is bound back
+    into the node at its path: the directory right below, nothing else of either."""
+    from spark_cluster_lab import node_setup
+
+    places = [Path("/var/tmp/venv-x"), Path("/tmp/clone/repo"), Path("/usr"), Path("/var/tmpx/y")]
+    monkeypatch.setattr(node_setup, "code_places", lambda: places)
+    assert node_setup.code_under_tmp() == [Path("/tmp/clone"), Path("/var/tmp/venv-x")]
+
+
+def test_a_reboot_empties_tmp_but_what_is_mounted_in_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster_lab import node_init
+
+    (tmp_path / "bound" / "bin").mkdir(parents=True)
+    (tmp_path / "bound" / "bin" / "python").write_text("kept")
+    (tmp_path / "holds-a-mount" / "inner").mkdir(parents=True)
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / "file").write_text("gone")
+    (tmp_path / "loose").write_text("gone")
+    table = (f"36 35 98:0 / {tmp_path}/bound rw,noatime master:1 - ext4 /dev/root rw\n"
+             f"37 35 98:0 /x {tmp_path}/holds-a-mount/inner rw - ext4 /dev/root rw\n"
+             "38 35 0:5 / /with\\040space rw - tmpfs tmpfs rw\n")
+    assert "/with space" in node_init.mount_points(table)
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: table if str(self) == "/proc/self/mountinfo"
+                        else real_read(self, *a, **k))
+    node_init.empty_tmp(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bound", "holds-a-mount"]
+    assert (tmp_path / "bound" / "bin" / "python").read_text() == "kept"
+
+
+def test_held_memory_is_each_processes_anonymous_rss_and_the_shared_memory_once(tmp_path: Path) -> None:
+    from spark_cluster_lab.consumers import held_kib
+
+    proc = tmp_path / "proc"
+    for pid, anon in (("1", "1200"), ("57", "2048000"), ("58", None)):
+        (proc / pid).mkdir(parents=True)
+        status = "Name:\tpython\nVmRSS:\t 3000000 kB\n" + (f"RssAnon:\t {anon} kB\nRssFile:\t 1000 kB\n" if anon else "")
+        (proc / pid / "status").write_text(status)  # 58: a kernel thread, no RssAnon
+    (proc / "self").mkdir()
+    shm = tmp_path / "shm"  # not a tmpfs here: what its filesystem holds is counted, whatever it is
+    shm.mkdir()
+    fs = os.statvfs(shm)
+    assert held_kib(proc, shm) == 1200 + 2048000 + (fs.f_blocks - fs.f_bfree) * fs.f_frsize // 1024
+    assert held_kib(proc, tmp_path / "none") == 1200 + 2048000
+
+
+def test_the_nodes_init_shows_what_its_real_processes_hold(paths: NodePaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real vLLM records nothing: the node's init measures its processes and the node's meminfo
+    falls by what they hold, as a Spark's does; a change under 16 MiB is not written."""
+    from spark_cluster_lab import consumers
+    from spark_cluster_lab.node_init import follow_processes
+
+    before = meminfo(paths)["MemAvailable"]
+    monkeypatch.setattr(consumers, "held_kib", lambda: 3 * 2**20)  # 3 GiB: a real engine's ranks
+    follow_processes(paths.root)
+    assert meminfo(paths)["MemAvailable"] == before - 3 * 2**20
+    monkeypatch.setattr(consumers, "held_kib", lambda: 3 * 2**20 + 2**10)
+    follow_processes(paths.root)
+    assert meminfo(paths)["MemAvailable"] == before - 3 * 2**20
+    monkeypatch.setattr(consumers, "held_kib", lambda: 2**10)  # the engine stopped
+    follow_processes(paths.root)
+    assert meminfo(paths)["MemAvailable"] == before - 2**10

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from lab_cli import LAB_MARKS, REBOOT_S, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, REBOOT_S, cli, on_node
 
 from spark_cluster.core.playbook import playbooks, plan
 from spark_cluster.transport.remote import SSHNode
@@ -22,8 +22,8 @@ BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 @pytest.fixture

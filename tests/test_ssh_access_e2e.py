@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab
+from lab_cli import LAB_MARKS, cli
 from ssh_agent import PASSPHRASE, make_key, ssh_add, ssh_agent
 
 from spark_cluster_lab import lab as simlab
@@ -26,8 +26,8 @@ RAIL_A = "192.168.100.10"  # spark-a's first rail: spark-b reaches it, this mach
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 @pytest.fixture(scope="module")

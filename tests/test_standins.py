@@ -581,7 +581,8 @@ def test_lab_teardown_kills_every_container_process(node: Node) -> None:
 
 # --- start-up time -----------------------------------------------------------------------------
 
-def test_a_stand_in_starts_fast(node: Node) -> None:
+@pytest.mark.perf
+def test_a_stand_in_starts_fast(node: Node, figure) -> None:
     node.out("uname", "-r")  # warm the page cache and bytecode
     times = []
     for _ in range(15):
@@ -589,8 +590,11 @@ def test_a_stand_in_starts_fast(node: Node) -> None:
         node.out("uname", "-r")
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
-    print(f"stand-in start (uname -r): median {median * 1000:.1f} ms, best {min(times) * 1000:.1f} ms")
-    assert median < 0.150
+    figure("stand-in start (uname -r), best of 15", min(times) * 1000, "ms", "reported only", True)
+    # Every probe of `check` starts one: 150 ms is the target; a median past 450 ms (an import
+    # gone heavy, not a busy machine) fails.
+    figure("stand-in start (uname -r), median of 15", median * 1000, "ms", "150 ms; fails past 450 ms",
+           median < 0.450)
 
 
 HOLDER = """

@@ -13,9 +13,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from spark_cluster.core.node_sample import parse_probe
+from spark_cluster.core.hang import EngineSample
+from spark_cluster.core.observation import NodeSample, Observation
 from spark_cluster.core.supervise_policy import (
-    OK, RESTART_CLUSTER, RESTART_VLLM, WAIT, NodeSample, Observation, Policy, RestartBudget,
-    memory_not_freed, record, render,
+    OK, RESTART_CLUSTER, RESTART_VLLM, WAIT, Policy, RestartBudget, memory_not_freed, record, render,
 )
 from spark_cluster.core.systemd_unit import quote, render_environment, render_unit
 from spark_cluster.ops.metrics import Board, parse_vllm, registry_for, sample_sum
@@ -32,8 +33,8 @@ def node(boot: str = "b1", **kw) -> NodeSample:
 def obs(t: float, tokens: float | None = 10.0, running: float | None = 0.0, **kw) -> Observation:
     nodes = kw.pop("nodes", {"spark-a": node(), "spark-b": node()})
     return Observation(time=t, nodes=nodes, runtime_ok=True, vllm_running=kw.pop("vllm_running", True),
-                       vllm_healthy=kw.pop("vllm_healthy", True), generation_tokens=tokens,
-                       requests_running=running)
+                       vllm_healthy=kw.pop("vllm_healthy", True),
+                       engine=EngineSample(t, generated=tokens, running=running))
 
 
 def test_a_hang_is_frozen_tokens_with_requests_running_not_health() -> None:
@@ -90,12 +91,12 @@ def test_memory_not_freed_against_the_baseline() -> None:
     assert not memory_not_freed(None, 119.7, 5.0)
 
 
-def test_log_record_is_one_line_either_way() -> None:
+def test_log_record_is_a_json_line_or_for_people_folded_at_80_columns() -> None:
     entry = record("restart", "sim", now=0.5, cause="engine-hang", detail="no token for 31 s", node=None)
     assert json.loads(render(entry, True)) == {"time": "1970-01-01T00:00:00.500Z", "cluster": "sim",
                                                "event": "restart", "cause": "engine-hang",
                                                "detail": "no token for 31 s"}
-    assert render(entry, False) == '1970-01-01T00:00:00.500Z sim restart cause=engine-hang detail="no token for 31 s"'
+    assert render(entry, False) == '1970-01-01T00:00:00.500Z sim restart cause=engine-hang\n    detail="no token for 31 s"'
 
 
 def test_probe_answer() -> None:
@@ -141,6 +142,41 @@ def test_metrics_carry_nodes_and_vllm_relabelled() -> None:
 def test_metrics_pass_promtool(tmp_path: Path) -> None:
     text = generate_latest(registry_for(board()))
     done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def vllm_histogram_page() -> str:
+    """A page with vLLM's histogram named `..._total`, made as vLLM makes it (prometheus_client's
+    Histogram, vllm/v1/metrics/loggers.py) with its buckets (vllm/v1/metrics/buckets.py)."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    registry = CollectorRegistry()
+    steps = Histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                      ["model_name", "engine"], buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                                         8192, 16384], registry=registry)
+    for tokens in (7, 1, 1, 1):
+        steps.labels(model_name="m", engine="0").observe(tokens)
+    return VLLM_TEXT + generate_latest(registry).decode()
+
+
+def test_a_histogram_vllm_names_total_is_served_without_the_suffix() -> None:
+    b = board()
+    b.vllm = parse_vllm(vllm_histogram_page())
+    families = parse_vllm(generate_latest(registry_for(b)).decode())
+    assert sample_sum(families, "vllm_iteration_tokens_count") == 4.0
+    assert sample_sum(families, "vllm_iteration_tokens_sum") == 10.0
+    assert not [f.name for f in families if f.name.startswith("vllm_iteration_tokens_total")]
+    assert sample_sum(families, "vllm_generation_tokens_total") == 42.0  # a counter keeps its _total
+
+
+@promtool
+def test_vllms_histogram_fails_promtool_as_vllm_serves_it_and_passes_as_supervise_serves_it() -> None:
+    raw = vllm_histogram_page().replace("vllm:", "vllm_").encode()  # only the colon changed
+    refused = subprocess.run(["promtool", "check", "metrics"], input=raw, capture_output=True)
+    assert refused.returncode != 0 and b'non-counter metrics should not have "_total" suffix' in refused.stdout + refused.stderr
+    b = board()
+    b.vllm = parse_vllm(vllm_histogram_page())
+    done = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(registry_for(b)), capture_output=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

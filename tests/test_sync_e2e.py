@@ -9,11 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, REPO, cli, on_node
 
 pytestmark = LAB_MARKS
 
@@ -26,8 +25,8 @@ TREE = (f"cd {MODEL} && find . -mindepth 1 ! -type d | sort | while read -r f; d
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def tree(inventory: Path, node: str) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, REPO, cli, on_node
 
 pytestmark = LAB_MARKS
 
@@ -30,8 +30,8 @@ SYNC_ALIVE = f"pgrep -f {SYNC} || echo none"
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 LAB_SPEED = {"SPARK_LAB_LOAD_MBPS": "0.5", "SPARK_LAB_COMPILE_S": "3"}

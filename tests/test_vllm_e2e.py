@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, fresh_lab
+from lab_cli import LAB_MARKS, REPO, cli
 
 pytestmark = LAB_MARKS
 
@@ -30,22 +31,38 @@ def with_fault(inventory: Path, tmp_path: Path, fault: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
-def test_up_serves_the_model_within_90_seconds(lab) -> None:
+def logged_weights(lab: Path) -> dict[str, float]:
+    """GiB of weights per node as the engine's ranks logged them ("Model loading took X GiB"; a
+    remote rank's line carries its node's link address): what the tracker must have read."""
+    head_log = cli("logs", str(lab), "-n", "5000")
+    assert head_log.returncode == 0, head_log.stderr
+    found: dict[str, float] = {}
+    for line in head_log.stdout.splitlines():
+        if match := re.search(r"Model loading took ([\d.]+) GiB", line):
+            node = "spark-b" if "ip=192.168.100.11" in line else "spark-a"
+            found[node] = round(found.get(node, 0.0) + float(match.group(1)), 2)
+    return found
+
+
+@pytest.mark.perf
+def test_up_serves_the_model(lab, figure) -> None:
     started = time.monotonic()
     done = cli("up", str(lab), "--json")
     took = time.monotonic() - started
-    print(f"up to ready: {took:.1f} s")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert took < 90
+    figure("up to ready, emulator (Ray, 8 shards at the lab's pace)", took, "s", "90 s; fails past 180 s",
+           took < 180)
+    weights = logged_weights(lab)
+    assert set(weights) == {"spark-a", "spark-b"} and all(gib > 0 for gib in weights.values()), weights
     # The human view (on stderr with --json): phases, shards with an ETA, each node's load.
     assert "[3] vllm" in done.stderr and "shards 8/8 (100 %)" in done.stderr
     assert "ETA " in done.stderr
     for node in ("spark-a", "spark-b"):
-        assert f"{node} holds 57.64 GiB of weights" in done.stderr
+        assert f"{node} holds {weights[node]:.2f} GiB of weights" in done.stderr
     assert "ready: spark-lab/tiny-moe serves at http://10.117.0.11:8000/v1" in done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     kinds = [e["event"] for e in events]
@@ -58,12 +75,12 @@ def test_up_serves_the_model_within_90_seconds(lab) -> None:
     assert shards == sorted(shards) and shards[-1] == 8 and len(set(shards)) >= 3
     assert any(e["eta_s"] for e in events if e["event"] == "progress")
     ready = events[-1]
-    assert ready["loaded_gib"] == {"spark-a": 57.64, "spark-b": 57.64}
-    # Each node's unified memory grew by its weights, then by the KV cache (the emulator holds
-    # them in the node's memory: 0.9 of MemTotal once it serves).
-    assert all(ready["resident_gib"][node] > 57 for node in ("spark-a", "spark-b")), ready
+    assert ready["loaded_gib"] == weights  # what the engine's own lines say, node by node
+    # Each node's unified memory (its /proc/meminfo, not the log) grew by at least its weights,
+    # then by the KV cache, and was seen while it grew.
+    assert all(ready["resident_gib"][node] > weights[node] for node in weights), ready
     during = [e["resident_gib"] for e in events if e["event"] == "progress" and e["phase"] == "weights"]
-    assert any(0 < r.get("spark-b", 0) < 57 for r in during), during  # seen while it grew
+    assert any(0 < r.get("spark-b", 0) < weights["spark-b"] for r in during), during
     request = urllib.request.Request(
         "http://10.117.0.11:8000/v1/chat/completions",
         data=json.dumps({"model": "spark-lab/tiny-moe", "max_tokens": 5,
@@ -80,7 +97,18 @@ def test_up_serves_the_model_within_90_seconds(lab) -> None:
     assert sum(n["alive"] for n in report["ray"]["nodes"]) == 2
 
 
-def test_second_up_reuses_the_server_and_check_stays_clean(lab) -> None:
+@pytest.fixture
+def serving(lab: Path) -> Path:
+    """The emulator serving (the first test's start when the tests run in order; a start of its
+    own for a test run alone)."""
+    if not json.loads(cli("status", str(lab), "--json").stdout).get("healthy"):
+        done = cli("up", str(lab))
+        assert done.returncode == 0, done.stdout + done.stderr
+    return lab
+
+
+def test_second_up_reuses_the_server_and_check_stays_clean(serving: Path) -> None:
+    lab = serving
     done = cli("up", str(lab))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "vLLM already serves spark-lab/tiny-moe" in done.stdout
@@ -90,7 +118,8 @@ def test_second_up_reuses_the_server_and_check_stays_clean(lab) -> None:
     assert "Application startup complete." in logs.stdout
 
 
-def test_a_changed_launch_is_said_and_restart_replaces_it(lab, tmp_path: Path) -> None:
+def test_a_changed_launch_is_said_and_restart_replaces_it(serving: Path, tmp_path: Path) -> None:
+    lab = serving
     changed = tmp_path / "changed.yaml"
     changed.write_text(lab.read_text().replace("  hf_cache: /home/nvidia/.cache/huggingface\n",
                                                "  hf_cache: /home/nvidia/.cache/huggingface\n  args: {max-model-len: 2048}\n"))
@@ -110,21 +139,30 @@ def test_a_changed_launch_is_said_and_restart_replaces_it(lab, tmp_path: Path) -
     assert max_model_len() == 2048  # left serving: the tests after it only need a server
 
 
-def test_bench_measures_the_rates_of_seed_003(lab) -> None:
+def test_bench_counts_every_level_and_the_engines_own_tokens(serving: Path) -> None:
+    """Each level's requests, their tokens, and the engine's own count of what bench asked for.
+    How fast the emulator decodes is its pacing, not a measurement: bench's figures are held to
+    `vllm bench serve` on the real engine (test_fit_bench_real)."""
+    lab = serving
+    def generated() -> float:
+        return json.loads(cli("status", str(lab), "--json").stdout)["vllm"]["metrics"]["generation_tokens_total"]
+
+    before = generated()
     done = cli("bench", str(lab), "--concurrency", "1,2,4", "--max-tokens", "24", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     levels = {level["concurrency"]: level for level in json.loads(done.stdout)["levels"]}
+    assert sorted(levels) == [1, 2, 4]
     assert all(level["failed"] == 0 and level["avg_completion_tokens"] == 24 for level in levels.values())
-    # The emulator decodes at seed 003's rates: 17.0 / 24.1 / 36.4 tok/s aggregate at 1 / 2 / 4.
-    for concurrency, published in {1: 17.0, 2: 24.1, 4: 36.4}.items():
-        assert 0.75 * published <= levels[concurrency]["aggregate_tok_s"] <= 1.05 * published, levels
-    per_request = [levels[c]["tok_s_per_request"] for c in (1, 2, 4)]
-    assert per_request == sorted(per_request, reverse=True)
+    assert all(level["aggregate_tok_s"] > 0 and level["tok_s_per_request"] > 0 for level in levels.values())
+    # The engine's /metrics counted the tokens of every request bench made (1 + 2 + 4 of 24; a
+    # warm-up request, if bench makes one, adds to it).
+    assert generated() - before >= 7 * 24
     human = cli("bench", str(lab), "-c", "2", "--max-tokens", "8")
     assert human.returncode == 0 and "concurrency 2: 2/2 ok, 8 tokens each" in human.stdout
 
 
-def test_watch_restarts_a_dead_engine(lab) -> None:
+def test_watch_restarts_a_dead_engine(serving: Path) -> None:
+    lab = serving
     killed = cli("exec", str(lab), "--node", "spark-a", "--",
                  "pkill -KILL -s $(cut -d' ' -f1 ~/.cache/spark-cluster/sim/vllm.pid) && echo killed")
     assert "killed" in killed.stdout

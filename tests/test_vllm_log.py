@@ -118,7 +118,8 @@ COLLECTED = {
 
 
 def test_every_collected_log_has_an_expectation() -> None:
-    assert sorted(p.name for p in OURS.glob("*.log")) == sorted(COLLECTED)
+    # the others (issue 29's classes) are tests/test_log_classes.py's
+    assert sorted(p.name for p in OURS.glob("*.log") if p.name[:2].isdigit()) == sorted(COLLECTED)
 
 
 @pytest.mark.parametrize("name", sorted(COLLECTED))

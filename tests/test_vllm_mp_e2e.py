@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, fresh_lab, on_node
+from lab_cli import LAB_MARKS, cli, on_node
 
 pytestmark = LAB_MARKS
 
@@ -28,8 +28,8 @@ MP = ("  executor: ray\n", "  executor: mp\n")
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory):
-    yield from fresh_lab(tmp_path_factory)
+def lab(sim_inventory: Path) -> Path:
+    return sim_inventory
 
 
 def on(inventory: Path, node: str, command: str) -> str:

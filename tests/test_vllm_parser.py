@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = load_inventory(REPO / "inventories" / "lab.yaml")
 CHECK = Path(__file__).with_name("vllm_parser_check.py")
 
-pytestmark = pytest.mark.skipif(real_missing() is not None, reason=str(real_missing()))
+pytestmark = [pytest.mark.real_vllm, pytest.mark.skipif(real_missing() is not None, reason=str(real_missing()))]
 
 
 def _inventory(recipe: str, executor: str, runtime: str, **model: object) -> Inventory:

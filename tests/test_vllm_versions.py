@@ -158,7 +158,7 @@ def test_each_ray_worker_keeps_its_own_link_and_never_gets_a_secret(rule: str, t
         assert leaked["NCCL_SOCKET_IFNAME"] == driver["NCCL_SOCKET_IFNAME"]
 
 
-def test_the_emulator_takes_every_launch_real_vllm_takes() -> None:
+def test_the_emulator_takes_every_launch_real_vllm_takes(capsys: pytest.CaptureFixture[str]) -> None:
     """What tests/test_vllm_parser.py proves real vLLM accepts, the lab's emulator accepts too."""
     from spark_cluster_lab import vllm_args
 
@@ -178,8 +178,11 @@ def test_the_emulator_takes_every_launch_real_vllm_takes() -> None:
     args = vllm_args.parse(words)
     assert (args.moe_backend, args.linear_backend, args.max_num_batched_tokens) == ("marlin", "flashinfer_b12x", 8000)
     assert args.api_key == ["a", "b"] and args.enable_expert_parallel is False and args.enforce_eager is False
-    with pytest.raises(SystemExit):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
         vllm_args.parse(["serve", "m", "--moe-backend", "cutlass-fp4"])
+    assert refused.value.code == 2  # argparse's refusal, as vLLM's own parser exits
+    assert "argument --moe-backend: invalid choice: 'cutlass_fp4'" in capsys.readouterr().err
 
 
 def test_up_dry_run_of_the_lab_inventory_shows_the_033_spelling(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
 
@@ -29,12 +30,12 @@ PASTE_LIMIT = 8 << 20
 def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled_after: float | None) -> int:
     """Read a vLLM log (--log), or a host's pasted command outputs (--host-output).
 
-    --log: ready, failed or still loading; phase, shards, load time, cause; exit 0 for ready or
-    loading, 1 for failed. A saved log is judged on its lines: its file's age says nothing about
-    the server. --host-output: the findings `check` would give on what the paste shows, and what
+    --log: ready, loading, failed, stopped (ended from outside) or hung; phase, shards, load time,
+    cause and the next step; exit 0 for ready or loading, 1 for the others. A saved log is judged
+    on its lines: its file's age says nothing about the server. --host-output: the findings `check` would give on what the paste shows, and what
     it does not show; exit 0 healthy, 1 a fault. Exit 2 when the file cannot be read.
     """
-    from spark_cluster.core.diagnose import NEXT_STEP, diagnose_log
+    from spark_cluster.core.diagnose import NOT_OK, diagnose_log
     from spark_cluster.core.errors import UsageError
 
     if (log_file is None) == (host_file is None):
@@ -58,12 +59,19 @@ def diagnose(log_file: str | None, host_file: str | None, as_json: bool, stalled
                              ("shards", shards), ("load time", load), ("weights", gib),
                              ("cause", data["cause"] or "-"), ("evidence", data["evidence"] or "-")):
             ui.CONSOLES.out.print(f"{label:>9}: {value}", markup=False)
+        said = []
         if data["inferred"]:
-            ui.CONSOLES.out.print(f"     note: no error line; the log has not grown for {idle / 60:.0f} min, "
-                             f"so the server is taken for dead (inferred)", markup=False)
-        if data["cause"]:
-            ui.CONSOLES.out.print(f"next step: {NEXT_STEP[data['cause']]}", markup=False)
-    return 1 if data["outcome"] == "failed" else 0
+            said.append(("note", f"no error line; the log has not grown for {idle / 60:.0f} min, so the server "
+                                 "is taken for dead (inferred)"))
+        if data["shm_waits"]:
+            said.append(("note", f"the engine waited on its workers {data['shm_waits']} minute(s) in a row at the "
+                                 f"end (last at {data['shm_last'] or '?'})"))
+        if data["next_step"]:
+            said.append(("next step", data["next_step"]))
+        for label, text in said:  # folded at words under its label, so that it reads at 80 columns
+            ui.CONSOLES.out.print(textwrap.fill(text, 80, initial_indent=f"{label:>9}: ", subsequent_indent=" " * 11,
+                                                break_long_words=False, break_on_hyphens=False), markup=False)
+    return 1 if data["outcome"] in NOT_OK else 0
 
 
 def _diagnose_host(path: Path, as_json: bool) -> int:
@@ -81,7 +89,12 @@ def _diagnose_host(path: Path, as_json: bool) -> int:
         ui.CONSOLES.out.out(dumps(data))
         return 0 if data["ok"] else 1
     shown = ", ".join(s["command"] or s["tool"] for s in data["recognised"])
-    ui.CONSOLES.out.print(f"recognised: {shown}", markup=False)
+    if len(shown) <= 68:
+        ui.CONSOLES.out.print(f"recognised: {shown}", markup=False)
+    else:  # a command a line, as the unknown ones below: so that it reads at 80 columns
+        ui.CONSOLES.out.print("recognised:", markup=False)
+        for s in data["recognised"]:
+            ui.CONSOLES.out.print(f"  - {s['command'] or s['tool']}", markup=False)
     for f in data["findings"]:
         ui.CONSOLES.out.print(f"{f['severity']:>8} {f['id']}: {f['message']}", markup=False)
         if f["evidence"]:

@@ -77,11 +77,11 @@ def _files(fleet, order: list[str], action: str, dry_run: bool, yes: bool) -> in
 
 
 def _upgrade(inv, fleet, yes: bool, reboot_wait: float) -> int:  # noqa: ANN001 - Inventory, Fleet
-    from spark_cluster.core.guard_rules import in_step, kernel_key
+    from spark_cluster.core.guard_rules import in_step, upgrade_steps
     from spark_cluster.ops.guard import verdicts
     from spark_cluster.ops.guard_upgrade import stop_cluster, upgrade_node
     from spark_cluster.ops.lock import cluster_lock
-    from spark_cluster.ui.guard_view import guard_dict, guard_report
+    from spark_cluster.ui.guard_view import guard_dict, guard_report, upgrade_plan
 
     order = [n.name for n in inv.nodes]
     with cluster_lock(inv.cluster.name, command="guard --upgrade"):
@@ -94,17 +94,20 @@ def _upgrade(inv, fleet, yes: bool, reboot_wait: float) -> int:  # noqa: ANN001 
         if not any(v.upgrade for v in good):
             ui.CONSOLES.out.print("nothing to upgrade on any node")
             return 0
-        kernels = {v.next_kernel for v in good}
-        target = max(kernels, key=kernel_key)
-        ui.CONSOLES.out.print(f"upgrading {', '.join(order)} one at a time to kernel {target}; the cluster stops first")
+        steps = upgrade_steps([found[name] for name in order])
+        moving = [step.node for step in steps if step.packages]
+        upgrade_plan(steps)
+        ui.CONSOLES.out.print(f"upgrading {', '.join(moving)}" + (" one at a time" if len(moving) > 1 else "")
+                              + "; the cluster stops first", markup=False)
         if not yes and not _confirm("stop the cluster and upgrade?"):
             raise SparkClusterError("nothing was changed\n  hint: run again with --yes")
         for problem in stop_cluster(inv, fleet):
             ui.CONSOLES.out.print(problem, markup=False)
         say = lambda node, text: ui.CONSOLES.out.print(f"{node}  {text}", markup=False)  # noqa: E731
-        for spec in inv.nodes:
+        done = []
+        for spec in (s for s in inv.nodes if s.name in moving):
             peers = [p for p in inv.nodes if p.name != spec.name]
-            left = order[order.index(spec.name) + 1:]
+            left = moving[moving.index(spec.name) + 1:]
             untouched = f"; {', '.join(left)} not touched" if left else ""
             try:
                 outcome = upgrade_node(fleet.node(spec.name), spec, peers, found[spec.name].next_kernel,
@@ -120,6 +123,7 @@ def _upgrade(inv, fleet, yes: bool, reboot_wait: float) -> int:  # noqa: ANN001 
                         if outcome.rolled_back else f"not healthy on kernel {bad}")
                 raise SparkClusterError(f"{spec.name} {what} (evidence above); stopped{untouched}"
                                         f"\n  hint: {outcome.next_step}")
-        ui.CONSOLES.out.print(f"[green]all nodes upgraded[/] ({', '.join(order)}); "
-                         "`spark-cluster check` then `spark-cluster up` to serve again")
+            done.append(f"{spec.name} ({'rebooted into ' + outcome.kernel_after if outcome.rebooted else 'no reboot'})")
+        ui.CONSOLES.out.print(f"[green]upgraded[/] {', '.join(done)}; `spark-cluster check` then "
+                              "`spark-cluster up` to serve again")
     return 0

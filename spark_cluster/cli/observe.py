@@ -12,18 +12,26 @@ from spark_cluster.cli.params import count, seconds
 from spark_cluster.ui.jsonout import dumps
 
 
+HANG_HELP = ("vLLM is hung when work is in flight (a request, or our one-token probe) and no engine "
+             "step ran for this long.")
+
+
 @click.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(inventory: str, as_json: bool) -> int:
-    """Every layer: each node (memory, GPU, links), Ray (nodes alive, GPUs), vLLM (health, metrics)."""
+@click.option("--hang-after", "hang_after_s", type=seconds(1, 600, low_open=False), default=10.0, show_default=True,
+              metavar="SECONDS", help=HANG_HELP + " status sends one probe and waits at most this long.")
+def status(inventory: str, as_json: bool, hang_after_s: float) -> int:
+    """Every layer: each node (memory, GPU, links), Ray (nodes alive, GPUs), vLLM (health, metrics),
+    its engine asked for one token; then one verdict: healthy, hung, or what blocks serving,
+    with its evidence. Exit 0 healthy (or vLLM not started), 1 otherwise."""
     from spark_cluster.ops.health import collect_status
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
 
     inv = load_inventory(inventory)
     with fleet_for(inv) as fleet:
-        data = collect_status(inv, fleet)
+        data = collect_status(inv, fleet, hang_after_s=hang_after_s)
     if as_json:
         ui.CONSOLES.out.out(dumps(data))
     else:
@@ -37,9 +45,16 @@ def status(inventory: str, as_json: bool) -> int:
 @click.option("--restart-on-failure", is_flag=True, help="Relaunch vLLM when its engine dies.")
 @click.option("--max-restarts", type=count(0, 1000), default=3, show_default=True, help="Give up after this many restarts.")
 @click.option("--count", type=count(1), default=None, help="Stop after this many refreshes (default: Ctrl-C).")
+@click.option("--hang-after", "hang_after_s", type=seconds(1, 600, low_open=False), default=30.0, show_default=True,
+              metavar="SECONDS", help=HANG_HELP)
+@click.option("--probe-every", "probe_every_s", type=seconds(1, 86400, low_open=False), default=60.0,
+              show_default=True, metavar="SECONDS", help="One-token probe of an idle vLLM this often.")
 def watch(inventory: str, interval: float, restart_on_failure: bool, max_restarts: int,
-          count: int | None) -> int:
-    """A live dashboard of every layer, refreshed each second; optionally restarts a dead vLLM."""
+          count: int | None, hang_after_s: float, probe_every_s: float) -> int:
+    """A live dashboard of every layer, refreshed each second, with the verdict (healthy, hung,
+    or what blocks serving); optionally restarts a dead vLLM. Exit 1 when the last verdict is
+    not healthy."""
+    from spark_cluster.ops.engine_watch import Watcher
     from spark_cluster.ops.health import collect_status
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
@@ -54,11 +69,16 @@ def watch(inventory: str, interval: float, restart_on_failure: bool, max_restart
         else contextlib.nullcontext()
     with fleet_for(inv) as fleet, lock, ui.Dashboard(inv) as dashboard:
         supervisor = Supervisor(inv, fleet, max_restarts, log=dashboard.log) if restart_on_failure else None
+        watcher = None
+        if inv.model is not None:
+            from spark_cluster.core.serve_plan import serve_plan
+
+            watcher = Watcher(serve_plan(inv), fleet, hang_after_s, probe_every_s)
         refreshes = 0
         try:
             while count is None or refreshes < count:
                 began = time.monotonic()
-                data = collect_status(inv, fleet, previous=data if "time" in data else None)
+                data = collect_status(inv, fleet, previous=data if "time" in data else None, watcher=watcher)
                 dashboard.show(data)
                 if supervisor is not None and not supervisor.tend(data):
                     return 1

@@ -23,13 +23,17 @@ from spark_cluster.core.errors import UsageError
               metavar="SECONDS", help="The window --max-restarts counts in.")
 @click.option("--interval", "interval_s", default=5.0, show_default=True, type=click.FloatRange(0.5),
               metavar="SECONDS", help="Seconds between looks at the cluster.")
-@click.option("--hang-after", "hang_after_s", default=30.0, show_default=True, type=click.FloatRange(1),
-              metavar="SECONDS", help="vLLM is hung when no token came for this long while requests ran.")
+@click.option("--hang-after", "hang_after_s", default=30.0, show_default=True, type=click.FloatRange(1, 600),
+              metavar="SECONDS", help="vLLM is hung when work is in flight (a request, or our one-token probe) "
+                                      "and no engine step ran for this long.")
+@click.option("--probe-every", "probe_every_s", default=60.0, show_default=True, type=click.FloatRange(1),
+              metavar="SECONDS", help="One-token probe of an idle vLLM this often (a rank frozen while idle "
+                                      "is found before a user's request is).")
 @click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
               help="Seconds a (re)start of vLLM may take to serve.")
 @click.option("--json", "as_json", is_flag=True, help="Each decision as one JSON line (for journald).")
 def supervise(inventory: str, metrics_port: int | None, metrics_address: str, max_restarts: int, window_s: float,
-              interval_s: float, hang_after_s: float, timeout_s: float, as_json: bool) -> int:
+              interval_s: float, hang_after_s: float, probe_every_s: float, timeout_s: float, as_json: bool) -> int:
     """Bring the cluster up and keep it there: detect a dead or hung vLLM, a rebooted or
     unlinked node, memory not freed; restart with a capped back-off. SIGTERM stops
     supervising and leaves the cluster running. Exit 3: the restart budget is spent."""
@@ -71,7 +75,8 @@ def supervise(inventory: str, metrics_port: int | None, metrics_address: str, ma
     try:
         with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="supervise"):
             return Supervisor(inv, fleet, log, board, stop, max_restarts=max_restarts, window_s=window_s,
-                              interval_s=interval_s, hang_after_s=hang_after_s, timeout_s=timeout_s).run()
+                              interval_s=interval_s, hang_after_s=hang_after_s, timeout_s=timeout_s,
+                              probe_every_s=probe_every_s).run()
     finally:
         if server is not None:
             server[0].shutdown()

@@ -19,6 +19,9 @@ USERSPACE = re.compile(r"^nvidia-utils-(\d+)(?:-server)?$")
 NVIDIA = re.compile(r"^(?:nvidia-|libnvidia-|linux-modules-nvidia-|linux-objects-nvidia-|linux-signatures-nvidia-)")
 FIRMWARE = re.compile(r"^(?:linux-firmware|nvidia-firmware-|fwupd)")
 HOLD_METAS = ("linux-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04", "linux-headers-nvidia-hwe-24.04")
+# What takes effect only at the next boot: a kernel (its image, its modules), the NVIDIA driver (a
+# userspace moved under the loaded module fails until the module is reloaded), firmware.
+KERNEL_MODULES = re.compile(r"^linux-modules-(?:extra-)?\d")
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,32 @@ def evaluate(facts: GuardFacts) -> NodeVerdict:
     findings = _kernel_findings(facts, flavour, kernels) + _boot_findings(facts) + _package_findings(facts)
     return NodeVerdict(facts.node, not any(f.severity == "blocker" for f in findings), next_kernel,
                        _driver(facts.packages, facts.upgrade), facts.upgrade, findings)
+
+
+def reboot_reasons(names: list[str]) -> list[str]:
+    """The packages among `names` that need a reboot to take effect: a kernel, its modules, the
+    NVIDIA driver, firmware. None: installing the rest leaves the node as it runs."""
+    return [n for n in names if IMAGE.match(n) or KERNEL_MODULES.match(n) or NVIDIA.match(n) or FIRMWARE.match(n)]
+
+
+@dataclass(frozen=True)
+class UpgradeStep:
+    """What `guard --upgrade` will do on one node, said before it starts."""
+
+    node: str
+    packages: list[str]  # what apt-get -s says the upgrade installs
+    reboot_for: list[str]  # those of them that need the reboot
+    next_kernel: str  # what the node boots next
+
+    @property
+    def reboots(self) -> bool:
+        return bool(self.reboot_for)
+
+
+def upgrade_steps(verdicts: list[NodeVerdict]) -> list[UpgradeStep]:
+    names = ([a.name for a in v.upgrade] for v in verdicts)
+    return [UpgradeStep(v.node, packages, reboot_reasons(packages), v.next_kernel)
+            for v, packages in zip(verdicts, names)]
 
 
 def in_step(verdicts: list[NodeVerdict]) -> list[GuardFinding]:

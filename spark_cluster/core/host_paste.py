@@ -15,7 +15,7 @@ from spark_cluster.core.checks import judge_host
 from spark_cluster.core.checks.base import Severity
 from spark_cluster.core.facts import parse_facts
 from spark_cluster.core.facts.driver import (
-    DKMS, KERNEL_LOG, LSMOD, LSMOD_FILTERED, MODINFO_NVIDIA, NVIDIA_SMI, PROC_DRIVER,
+    DKMS, KERNEL_LOG, LSMOD, LSMOD_FILTERED, MODINFO_NVIDIA, NVIDIA_FILES, NVIDIA_SMI, PROC_DRIVER,
 )
 from spark_cluster.core.facts.network import IBDEV2NETDEV, RDMA_LINK
 from spark_cluster.core.facts.packages import (
@@ -33,9 +33,9 @@ _COMMANDS = {  # first word (after sudo) -> kind
     "modprobe": "modprobe", "insmod": "modprobe", "dpkg": "dpkg", "dpkg-query": "dpkg", "dkms": "dkms",
     "dmesg": "kernel_log", "journalctl": "kernel_log", "apt-mark": "holds", "ibstat": "ibstat",
     "rdma": "rdma_link", "ibdev2netdev": "ibdev2netdev", "apt": "apt_install", "apt-get": "apt_install",
-    "aptitude": "apt_install", "mokutil": "secure_boot",
+    "aptitude": "apt_install", "mokutil": "secure_boot", "nvidia-modprobe": "modprobe",
 }
-_FILES = (("/proc/driver/nvidia/version", "proc_driver"), ("history.log", "apt_history"),
+_FILES = (("/proc/driver/nvidia/version", "proc_driver"), ("history.log", "apt_history"), ("/lib/modules", "nvidia_files"),
           ("unattended-upgrades", "unattended_log"), ("/var/log/kern.log", "kernel_log"),
           ("/var/log/syslog", "kernel_log"))
 
@@ -43,6 +43,8 @@ _MODINFO_KEYS = ("filename|version|license|vermagic|signer|srcversion|descriptio
                  "name|sig_id|sig_key|sig_hashalgo|signature|parm|supported|import_ns|retpoline|intree|"
                  "author|softdep|rhelversion")
 _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # A DKMS command names the module it builds (`dkms install -m nvidia -v 470.86`).
+    ("apt_install", re.compile(r"\bdkms (?:install|build)\b")),
     ("apt_install", re.compile(r"^\s{0,8}(Building initial module |Error! (Bad return status|Your kernel headers)|"
                                r"Consult /var/lib/dkms/|dpkg: (error processing|dependency problems)|"
                                r"Package \S{1,200} is not configured yet|Errors were encountered while processing|"
@@ -64,7 +66,7 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("modprobe", re.compile(r"^(?:[A-Z][a-z]{2} [ 0-9][0-9] [0-9:]{8} \S{1,100} [\w.-]{1,100}\[[0-9]{1,10}\]: )?"
                             r"((modprobe|insmod): (FATAL|ERROR): |Failed to insert module ')")),
     ("modinfo", re.compile(rf"^(({_MODINFO_KEYS}):\s|modinfo: ERROR: |Module \S+ not found\.?$)")),
-    ("dkms", re.compile(r"^[\w.+-]+(/|, )[0-9][\w.+~-]*(, \S+, \S+)?: (installed|built|added)")),
+    ("dkms", re.compile(r"^[\w.+-]+(/|, )[0-9][\w.+~-]*(, [^\s,:]+, [^\s,:]+)?: (installed|built|added)")),
     ("lsmod", re.compile(r"^(Module\s+Size\s+Used by|[a-z0-9_]+\s+[0-9]+\s+[0-9-]+(\s+[\w,\[\]-]+)?\s*$)")),
     ("uname", re.compile(r"^(Linux \S+ [0-9]+\.[0-9]+\.\S+ #|[0-9]+\.[0-9]+\.[0-9]+-[0-9]+-[a-z0-9]+$)")),
     ("ibstat", re.compile(r"^(CA '|\s+(CA type|Number of ports|Firmware version|Hardware version|Node GUID|"
@@ -84,7 +86,9 @@ TOOL_NAMES = {"nvidia_smi": "nvidia-smi", "proc_driver": "/proc/driver/nvidia/ve
               "dkms": "dkms status", "kernel_log": "kernel log", "apt_history": "apt history",
               "unattended_log": "unattended-upgrades log", "holds": "apt-mark showhold", "ibstat": "ibstat",
               "rdma_link": "rdma link", "ibdev2netdev": "ibdev2netdev", "apt_install": "apt/dpkg install output",
-              "secure_boot": "mokutil --sb-state"}
+              "secure_boot": "mokutil --sb-state", "nvidia_files": "find /lib/modules"}
+# A `...` span of Markdown inside prose: what the poster ran or what it printed.
+_SPAN = re.compile(r"`([^`]{1,2000})`")
 
 
 @dataclass
@@ -105,7 +109,8 @@ def _kind_of_command(command: str) -> str:
     if not words:
         return "other"
     for needle, kind in _FILES:
-        if needle in command:
+        # a listing of the module tree, not a command that names a file in it (`insmod /lib/modules/...`)
+        if needle in command and (kind != "nvidia_files" or words[0] in ("find", "ls", "locate")):
             return kind
     return _COMMANDS.get(words[0].rsplit("/", 1)[-1], "other")
 
@@ -121,8 +126,7 @@ def split_paste(text: str) -> list[Section]:
     """Sections of the paste: one per prompt, else one per run of lines of one shape."""
     sections: list[Section] = []
     current: Section | None = None
-    for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        line = raw.rstrip()
+    for line in _unquoted(text.replace("\r\n", "\n").replace("\r", "\n").split("\n")):
         prompt = _PROMPT.match(line)
         if prompt and (not line.startswith("#") or _kind_of_command(prompt.group(1)) != "other"):
             command, _, note = prompt.group(1).partition("  #")
@@ -149,6 +153,26 @@ def split_paste(text: str) -> list[Section]:
             sections.append(current)
         current.lines.append(line)
     return [s for s in sections if s.kind != "other" and (s.command or _plausible(s))]
+
+
+def _unquoted(lines: list[str]) -> list[str]:
+    """The lines as the tools printed them: Markdown's fences dropped, and a line of prose with
+    `...` spans in it read as its spans alone, a span that starts with a known command as that
+    command's prompt (`I ran \\`sudo modprobe nvidia\\` and got \\`modprobe: FATAL: ...\\``)."""
+    out: list[str] = []
+    for raw in lines:
+        line = raw.rstrip()
+        if line.lstrip().startswith("```"):
+            continue
+        spans = _SPAN.findall(line) if line.count("`") >= 2 else []
+        if not spans or (shape_of(line) and not line.lstrip().startswith("`")):
+            out.append(line)
+            continue
+        for span in spans:
+            span = span.strip()
+            known = _kind_of_command(span) != "other"
+            out.append(f"$ {span}" if known and not shape_of(span) else span)
+    return out
 
 
 def _plausible(section: Section) -> bool:
@@ -232,6 +256,11 @@ def paste_probes(sections: list[Section]) -> dict[str, dict[str, Any]]:
     if m := re.search(r"Module nvidia(?:-uvm|_uvm)? not found(?: in directory /lib/modules/(\S{1,200}))?", modprobe):
         without = m.group(1) or kernel
         kernel = kernel or without
+    # kmod finding no module tree at all for the kernel it runs (`could not open moddep file
+    # '/lib/modules/3.4.0+/modules.dep.bin'`): that kernel has no nvidia module either.
+    if m := re.search(r"could not open moddep file '/lib/modules/([^/' ]{1,200})/modules\.dep", modprobe):
+        without = without or m.group(1)
+        kernel = kernel or without
     if kernel:
         probes[UNAME.name] = ok(f"{kernel} {arch}".strip() + "\n")
         fields = driver_info.parse_modinfo(text)
@@ -244,6 +273,10 @@ def paste_probes(sections: list[Section]) -> dict[str, dict[str, Any]]:
             probes[KERNEL_MODULES.name] = ok("\n".join(rows) + "\n")
     if "dpkg" in by_kind:
         probes[PACKAGES.name] = ok(_dpkg_rows(joined("dpkg")))
+    if "nvidia_files" in by_kind:  # as the gatherer's `find /lib/modules -name 'nvidia.ko*'` gives them
+        found = [line.strip() for line in joined("nvidia_files").splitlines()
+                 if line.strip().startswith("/lib/modules/") and re.search(r"/nvidia\.ko(?:\.\w{1,4})?$", line.strip())]
+        probes[NVIDIA_FILES.name] = ok("".join(f"{f}\n" for f in found))
     # modprobe's refusal names the module; the kernel log line beside it may not (Lockdown's).
     log = joined("kernel_log") + "".join(f"kernel: {line}\n" for line in modprobe.splitlines()
                                          if "nvidia" in line and ("Key was rejected" in line or
@@ -273,7 +306,8 @@ def diagnose_host_output(text: str) -> dict[str, Any]:
     if LSMOD_FILTERED.name in probes:
         unknown.append("lsmod was cut by grep: which RDMA modules are loaded")
     return {
-        "ok": not any(f.severity in (Severity.BLOCKER, Severity.WARNING) for f in findings),
+        # a paste of nothing known shows nothing healthy either
+        "ok": bool(sections) and not any(f.severity in (Severity.BLOCKER, Severity.WARNING) for f in findings),
         "recognised": [{"kind": s.kind, "tool": TOOL_NAMES[s.kind], "command": s.command, "lines": len(s.lines)}
                        for s in sections],
         "findings": [{"id": f.id, "severity": f.severity.value, "message": f.message, "evidence": f.evidence,

@@ -4,9 +4,12 @@
     NET/Socket : Using [0]eth0:172.17.16.64<0>
     Using network IB | Using network Socket
     Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0[/GDRDMA]
+    Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM          (within one host: no direction)
 
 On two Sparks the right answer is NET/IB over both HCAs of the cabled port; NET/Socket is
-TCP (about 3 GB/s instead of about 23), and one HCA halves the bandwidth.
+TCP (about 3 GB/s instead of about 23), and one HCA halves the bandwidth. What the ranks used is
+the channels' `via`, never the NET plugin NCCL loaded: two GPUs of one host go P2P while the
+plugin NCCL initialised (Socket, after `NET/IB : No device found.`) carries nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ _IB_DEVICE = re.compile(r"\[\d+\]([^\s:\[\]]+):\d+/(RoCE|IB)")
 _SOCKET_USING = re.compile(r"NCCL INFO NET/Socket : Using (.*)")
 _SOCKET_DEVICE = re.compile(r"\[\d+\]([^\s:\[\]]+):")
 _NETWORK = re.compile(r"NCCL INFO Using network (\w+)")
-_VIA = re.compile(r"NCCL INFO Channel \d+/\d+ : \d+\[\d+\] -> \d+\[\d+\] \[(send|receive)\] via (\S+)")
+_VIA = re.compile(r"NCCL INFO Channel \d+/\d+ : \d+\[\d+\] -> \d+\[\d+\](?: \[(send|receive)\])? via (\S+)")
 _VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
 _WARN = re.compile(r"NCCL WARN (.*)")
 
@@ -41,16 +44,19 @@ class NcclTransport:
 
     @property
     def transport(self) -> str | None:
-        """NET/IB or NET/Socket as the channels between nodes use it, else the plugin NCCL chose."""
+        """NET/IB or NET/Socket as the channels between nodes use it; the channels' own transport
+        (P2P/CUMEM, SHM ...) when none leaves the host; else, no channel seen, the plugin NCCL chose."""
         nets = sorted({v.split("/")[1] for v in self.via if v.startswith("NET/")})
         if nets:
             return "NET/" + "+".join(nets)
+        if self.via:
+            return "+".join(sorted({"/".join(v.split("/")[:2]) for v in self.via}))
         return f"NET/{self.network}" if self.network else None
 
     @property
     def ib_devices_used(self) -> list[str]:
         """The HCAs the channels use (NET/IB/<index> names an entry of the `Using` list)."""
-        used = {int(v.split("/")[2]) for v in self.via if v.startswith("NET/IB/") and v.split("/")[2].isdigit()}
+        used = {int(v.split("/")[2]) for v in self.via if v.startswith("NET/IB/") and v.split("/")[2].isdigit() and len(v.split("/")[2]) <= 9}
         return [self.hcas[i] for i in sorted(used) if i < len(self.hcas)] if used else list(self.hcas)
 
     def as_dict(self) -> dict[str, object]:

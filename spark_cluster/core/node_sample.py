@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 from spark_cluster.core import shell
-from spark_cluster.core.supervise_policy import NodeSample
+from spark_cluster.core.observation import NodeSample
 
 SMI_TIMEOUT_S = 10  # a stuck driver makes nvidia-smi hang for ever
 

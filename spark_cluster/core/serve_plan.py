@@ -232,6 +232,10 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
         warnings.append(f"tensor x pipeline parallel is {world}: {n_nodes - world} of {n_nodes} Sparks stay idle")
 
     served = set_default(args, "--served-model-name", model, as_int=False)
+    # The API server's own in-flight count (GET /load): what tells a request waiting on a frozen
+    # rank from an idle engine, whose gauges look the same (core.hang). In vLLM 0.19 to 0.33.
+    if not any(f in ("--enable-server-load-tracking", "--no-enable-server-load-tracking") for f, _ in args):
+        put_flag(args, "--enable-server-load-tracking", [])
     listen = spec.listens_on
     head = inventory.head
     bind_host = {"loopback": "127.0.0.1", "link": str(head.link_address), "lan": "0.0.0.0"}[listen]

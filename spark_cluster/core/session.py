@@ -59,6 +59,8 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
         # The leader is the process whose pid is the session id (Linux reuses neither while the session lives).
         "if [ \"$(ps -o sid= -p \"$sid\" 2>/dev/null | tr -d ' ')\" = \"$sid\" ]; then kill -TERM \"$sid\"; "
         "else pkill -TERM -s \"$sid\"; fi 2>/dev/null; "
+        # A stopped process (a rank frozen by SIGSTOP) holds its TERM until continued.
+        "pkill -CONT -s \"$sid\" 2>/dev/null; "
         + _until_gone(grace_s) +
         # A KILLed process lingers until its parent or init reaps it: seconds on a loaded node.
         "pkill -KILL -s \"$sid\" 2>/dev/null; "

@@ -55,7 +55,7 @@ def describe(value: object) -> str:
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
     if isinstance(value, (int, float)):
-        shown = _number(value)
+        shown = number_text(value)
         return shown if shown.startswith("a number") else f"the number {shown}"
     if isinstance(value, str):
         return f"the string {_short(value)!r}"
@@ -64,7 +64,7 @@ def describe(value: object) -> str:
     return "a list" if isinstance(value, list) else "a mapping"
 
 
-def _number(value: int | float) -> str:
+def number_text(value: int | float) -> str:
     """A number as written, or its size when it is too long to show (Python refuses to turn an
     int of over 4,300 digits into text)."""
     if isinstance(value, int) and value.bit_length() > 64:
@@ -141,7 +141,7 @@ class Checker:
             self.report(path, f"{where(path)} must be a whole number, got {describe(value)}", hint)
             return None
         if not low <= value <= high:
-            self.report(path, f"{where(path)} must be between {low} and {high}, got {_number(value)}")
+            self.report(path, f"{where(path)} must be between {low} and {high}, got {number_text(value)}")
             return None
         return value
 
@@ -151,7 +151,7 @@ class Checker:
             self.report(path, f"{where(path)} must be a number, got {describe(value)}")
             return None
         if not above < value <= high:  # also false for NaN
-            self.report(path, f"{where(path)} must be more than {above:g} and at most {high:g}, got {value!r}")
+            self.report(path, f"{where(path)} must be more than {above:g} and at most {high:g}, got {number_text(value)}")
             return None
         return float(value)
 

@@ -27,18 +27,21 @@ class Sample:
     """One request as the client saw it."""
 
     tokens: int                 # completion tokens (the server's usage count when it sent one)
-    ttft_s: float | None        # sent -> first content token
+    ttft_s: float | None        # sent -> first chunk that carries choices
     seconds: float              # sent -> stream closed
     error: str | None = None
     prompt_tokens: int | None = None  # the server's usage count
-    gaps: tuple[float, ...] = ()      # inter-token latencies: between content chunks
+    gaps: tuple[float, ...] = ()      # inter-token latencies: between chunks that carry choices
     sent_at: float = 0.0              # monotonic time the request went out
+    last_s: float | None = None       # sent -> the last chunk that carries choices
 
     @property
     def tpot_s(self) -> float | None:
+        """vLLM's: (the last token chunk - TTFT) over the tokens after the first."""
         from spark_cluster.core.bench_stats import tpot
 
-        return tpot(self.seconds, self.ttft_s, self.tokens) if self.error is None else None
+        latency = self.last_s if self.last_s is not None else self.seconds
+        return tpot(latency, self.ttft_s, self.tokens) if self.error is None else None
 
     @property
     def tok_s(self) -> float | None:
@@ -105,7 +108,7 @@ def parse_levels(text: str) -> tuple[int, ...]:
 
 def parse_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> tuple[int, float | None]:
     """Server-sent events of a streamed chat completion -> (completion tokens, time of the first
-    content token). The usage chunk's count wins over counting content chunks."""
+    token chunk). The usage chunk's count wins over counting token chunks."""
     read = read_stream(lines, clock)
     return read.tokens, (read.times[0] if read.times else None)
 
@@ -113,13 +116,17 @@ def parse_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> t
 @dataclass(frozen=True)
 class StreamRead:
     tokens: int
-    times: tuple[float, ...]     # when each content chunk arrived
+    times: tuple[float, ...]     # when each token chunk arrived
     prompt_tokens: int | None
 
 
 def read_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> StreamRead:
-    """Server-sent events -> completion tokens (usage's count, else chunks), each content chunk's
-    arrival time and the prompt's token count."""
+    """Server-sent events -> completion tokens (usage's count, else token chunks), each token
+    chunk's arrival time and the prompt's token count.
+
+    A token chunk is any chunk that carries `choices`, as `vllm bench serve` counts: its text may
+    be empty (a byte-level token that does not end a UTF-8 character yet, the chat role's first
+    chunk) and it is a token event all the same. The usage chunk carries no choices."""
     counted, usage, prompt = 0, None, None
     times: list[float] = []
     for line in lines:  # type: ignore[attr-defined]
@@ -134,12 +141,9 @@ def read_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> St
         if chunk.get("usage"):
             usage = chunk["usage"].get("completion_tokens")
             prompt = chunk["usage"].get("prompt_tokens")
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            # reasoning models stream their thinking as reasoning_content: tokens all the same
-            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
-                counted += 1
-                times.append(clock())
+        if chunk.get("choices"):
+            counted += 1
+            times.append(clock())
     return StreamRead(usage if isinstance(usage, int) else counted, tuple(times),
                       prompt if isinstance(prompt, int) else None)
 
@@ -155,8 +159,11 @@ def one_request(client: httpx.Client, url: str, body: dict, headers: dict[str, s
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         return Sample(0, None, time.monotonic() - sent, f"{type(exc).__name__}: {exc}", sent_at=sent)
     gaps = tuple(b - a for a, b in zip(read.times, read.times[1:]))
-    return Sample(read.tokens, read.times[0] - sent if read.times else None, time.monotonic() - sent,
-                  prompt_tokens=read.prompt_tokens, gaps=gaps, sent_at=sent)
+    if not read.times:
+        return Sample(0, None, time.monotonic() - sent, "the stream carried no chunk with choices (no token came)",
+                      prompt_tokens=read.prompt_tokens, sent_at=sent)
+    return Sample(read.tokens, read.times[0] - sent, time.monotonic() - sent, prompt_tokens=read.prompt_tokens,
+                  gaps=gaps, sent_at=sent, last_s=read.times[-1] - sent)
 
 
 def chat_body(model: str, prompt: str, max_tokens: int) -> dict:

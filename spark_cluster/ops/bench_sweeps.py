@@ -103,6 +103,8 @@ class RatePoint:
         return {"rate": self.rate, "duration_s": self.duration_s, "requests": len(self.samples),
                 "failed": len(self.samples) - len(ok), "wall_s": round(self.wall_s, 2),
                 "output_tok_s": round(tokens / self.wall_s, 2) if self.wall_s > 0 else None,
+                "avg_prompt_tokens": round(sum(p) / len(p), 1) if (p := [s.prompt_tokens for s in ok
+                                                                          if s.prompt_tokens]) else None,
                 "request_rate": round(len(ok) / self.wall_s, 3) if self.wall_s > 0 else None,
                 "ttft_ms": summary([s.ttft_s for s in ok if s.ttft_s is not None]),
                 "tpot_ms": summary([s.tpot_s for s in ok if s.tpot_s is not None]),

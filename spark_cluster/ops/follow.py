@@ -211,7 +211,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 text.append(tail)
                 link_cut()
                 _raise_worker_failure(fleet, plan)
-                if tracker.state.outcome == "failed":
+                if tracker.state.outcome in ("failed", "stopped"):  # stopped: a SIGTERM, a cancelled job
                     raise failed()
                 state = tracker.state
                 next_step = (f"`journalctl -k | grep -i oom` on {plan.head.node}; lower "

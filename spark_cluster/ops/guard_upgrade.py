@@ -1,10 +1,12 @@
 """`guard --upgrade`: the pair upgraded one node at a time, each verified before the next.
 
-Stop the cluster; then per node: dist-upgrade (the guard hook still judges it), reboot (the
-slow path `fix --reboot` takes), verify nvidia-smi, the kernel and every rail to the peer. A
-node that boots a new kernel and does not come back healthy gets GRUB's default pinned to the
-kernel it ran before (a drop-in of ours under /etc/default/grub.d, the user's file untouched),
-one more reboot and the same checks; the upgrade stops there with the evidence."""
+Stop the cluster; then per node that has something to install: dist-upgrade (the guard hook
+still judges it), reboot (the slow path `fix --reboot` takes) only if what apt set up needs one
+(a kernel, its modules, the NVIDIA driver, firmware), verify nvidia-smi, the kernel and every
+rail to the peer. A node that boots a new kernel and does not come back healthy gets GRUB's
+default pinned to the kernel it ran before (a drop-in of ours under /etc/default/grub.d, the
+user's file untouched), one more reboot and the same checks; the upgrade stops there with the
+evidence."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spark_cluster.core import shell
+from spark_cluster.core.guard_rules import reboot_reasons
 from spark_cluster.core.inventory import Inventory, NodeSpec
+from spark_cluster.core.parsers.apt_sim import parse_installed
 from spark_cluster.core.playbook import PlannedStep
 from spark_cluster.ops.repair import REBOOT_WAIT_S, reboot_and_wait
 from spark_cluster.transport.remote import Fleet, Node
@@ -40,6 +44,8 @@ class NodeUpgrade:
     evidence: list[str] = field(default_factory=list)
     rolled_back: bool = False  # back on kernel_before and healthy there
     next_step: str = ""
+    installed: list[str] = field(default_factory=list)  # what apt set up
+    rebooted: bool = False
 
 
 def stop_cluster(inv: Inventory, fleet: Fleet) -> list[str]:
@@ -144,9 +150,15 @@ def _roll_back(node: Node, spec: NodeSpec, peers: list[NodeSpec], outcome: NodeU
                          f"package for {bad} is out: {undo}, then `spark-cluster guard --upgrade` again")
 
 
+def _names(packages: list[str], shown: int = 3) -> str:
+    more = len(packages) - shown
+    return ", ".join(packages[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_kernel: str | None,
                  wait_s: float = REBOOT_WAIT_S, say: Say | None = None) -> NodeUpgrade:
-    """Upgrade, reboot and verify one node; roll its kernel back if it does not come back healthy."""
+    """Upgrade one node, reboot it if what apt set up needs a reboot, verify it; roll its kernel
+    back if it does not come back healthy."""
     say = say or (lambda _node, _text: None)
     outcome = NodeUpgrade(node.name, kernel_before=node.run("uname -r").check().stdout.strip())
     say(node.name, "apt-get dist-upgrade")
@@ -156,11 +168,21 @@ def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_ker
         outcome.next_step = (f"nothing was rebooted; read apt's lines above, then `sudo apt-get -f install` on "
                              f"{node.name} or `spark-cluster guard` to see what blocks the upgrade")
         return outcome
-    booted = reboot_and_wait(node, REBOOT, wait_s, say)
-    if booted.status != "ok":
-        outcome.evidence.append(f"reboot: {booted.error or 'failed'}")
-        outcome.next_step = f"{node.name} did not come back from the reboot: look at its console"
-        return outcome
+    outcome.installed = parse_installed(done.stdout)
+    needs = reboot_reasons(outcome.installed)
+    if not needs:
+        count = len(outcome.installed)
+        say(node.name, f"set up {count} package{'s' * (count != 1)}, none a kernel, a driver or firmware: "
+                       "no reboot")
+        expected_kernel = None  # it runs the kernel it ran
+    else:
+        say(node.name, f"set up {_names(needs)}: rebooting")
+        booted = reboot_and_wait(node, REBOOT, wait_s, say)
+        if booted.status != "ok":
+            outcome.evidence.append(f"reboot: {booted.error or 'failed'}")
+            outcome.next_step = f"{node.name} did not come back from the reboot: look at its console"
+            return outcome
+        outcome.rebooted = True
     problems = verify(node, spec, peers, expected_kernel)
     outcome.kernel_after = node.run("uname -r").stdout.strip()
     if not problems:

@@ -1,12 +1,19 @@
-"""vLLM's health as its own endpoints tell it: /health, /v1/models, /metrics."""
+"""`status`'s look at every layer: each node (memory, GPU, carrier per rail), Ray, vLLM as its own
+endpoints tell it (/health, /v1/models, /metrics), its engine judged for a hang, and the verdict."""
 
 from __future__ import annotations
 
 import time
 
+from spark_cluster.core.observation import NodeSample, Observation
+from spark_cluster.core.serve_plan import ServePlan
+from spark_cluster.core.verdict import verdict
 from spark_cluster.ops.readiness import http, unauthorized_hint
 from spark_cluster.ops.serve import api_key
-from spark_cluster.core.serve_plan import ServePlan
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from spark_cluster.ops.engine_watch import Watcher
 
 # vLLM's metric names (as samples) -> the key status reports them under.
 METRICS = {
@@ -28,6 +35,9 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 RATE_WINDOW_S = 1.0  # `status` alone: two /metrics samples at least this far apart
+# `status` alone: how long one probe may go unanswered with no engine step before vLLM is hung
+# (a healthy engine answers in well under a second; a busy one steps meanwhile).
+STATUS_HANG_AFTER_S = 10.0
 
 
 def throughput(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -62,40 +72,24 @@ def vllm_health(plan: ServePlan) -> dict[str, object]:
     }
 
 
-def _node_probe(interfaces: list[str]) -> str:
-    links = " ".join(f"$(cat /sys/class/net/{i}/operstate 2>/dev/null || echo missing)" for i in interfaces)
-    return ("awk '/^MemTotal|^MemAvailable/ {print $2}' /proc/meminfo | tr '\\n' ' '; echo; "
-            "nvidia-smi --query-gpu=temperature.gpu,power.draw --format=csv,noheader,nounits 2>/dev/null"
-            " | head -n 1 || echo; "
-            f"echo {links}")
+def node_view(sample: NodeSample, rails: list[str]) -> dict[str, object]:
+    """One node as `status --json` shows it: memory, GPU, each rail's carrier in the inventory's order."""
+    return {"memory_used_gib": round(sample.memory_used_gib, 1) if sample.memory_used_gib is not None else None,
+            "memory_available_gib": round(sample.memory_available_gib, 1)
+            if sample.memory_available_gib is not None else None,
+            "gpu_temperature_c": sample.gpu_temperature_c, "gpu_power_w": sample.gpu_power_w,
+            "links": [{True: "up", False: "down"}.get(sample.carrier.get(rail), "?") for rail in rails],  # type: ignore[arg-type]
+            "links_down": sample.links_down, "boot_id": sample.boot_id}
 
 
-def parse_node(stdout: str) -> dict[str, object]:
-    """The answer of `_node_probe` (pure)."""
-    lines = stdout.split("\n") + ["", "", ""]
-    memory = [int(v) for v in lines[0].split() if v.isdigit()]
-    gpu = [c.strip() for c in lines[1].split(",")]
-
-    def number(text: str) -> float | None:
-        try:
-            return float(text)
-        except ValueError:
-            return None
-
-    return {
-        "memory_used_gib": round((memory[0] - memory[1]) / 1024**2, 1) if len(memory) == 2 else None,
-        "memory_available_gib": round(memory[1] / 1024**2, 1) if len(memory) == 2 else None,
-        "gpu_temperature_c": number(gpu[0]) if gpu and gpu[0] else None,
-        "gpu_power_w": number(gpu[1]) if len(gpu) > 1 else None,
-        "links": lines[2].split(),
-    }
-
-
-def collect_status(inventory, fleet, previous: dict | None = None) -> dict[str, object]:  # noqa: ANN001
-    """Every layer at once: each node, Ray's view, vLLM's endpoints.
+def collect_status(inventory, fleet, previous: dict | None = None, watcher: Watcher | None = None,  # noqa: ANN001
+                   hang_after_s: float = STATUS_HANG_AFTER_S) -> dict[str, object]:
+    """Every layer at once: each node, Ray's view, vLLM's endpoints and engine, and the verdict.
 
     Throughput comes from two samples of vLLM's counters: `previous` (watch's last snapshot)
     and now, or, without one, a sample taken first and another at least RATE_WINDOW_S later.
+    The engine is judged by `watcher` (watch's, kept from refresh to refresh) or, alone, by one
+    probe and the engine's step counter for at most `hang_after_s` (at once when it answers).
     """
     plan = None
     if inventory.model is not None:
@@ -104,68 +98,114 @@ def collect_status(inventory, fleet, previous: dict | None = None) -> dict[str, 
 
         plan = serve_plan(inventory)
         with reach(plan, fleet) as api:
-            return _collect(inventory, fleet, previous, plan, api)
-    return _collect(inventory, fleet, previous, None, None)
+            return _collect(inventory, fleet, previous, plan, api, watcher, hang_after_s)
+    return _collect(inventory, fleet, previous, None, None, watcher, hang_after_s)
 
 
-def _collect(inventory, fleet, previous, plan, api) -> dict[str, object]:  # noqa: ANN001 - Inventory, Fleet, dict, ServePlan, ServePlan
+def _collect(inventory, fleet, previous, plan, api, watcher, hang_after_s) -> dict[str, object]:  # noqa: ANN001, PLR0913
     """`api`: the plan with an endpoint this machine reaches (a forward to a loopback API)."""
-    from spark_cluster.ops.ray_state import query_state
-
     first: tuple[float, dict[str, float] | None] | None = None
     if plan is not None and previous is None:
         first = (time.monotonic(), _metrics(api))
-
-    def node_status(node) -> dict[str, object]:  # noqa: ANN001 - Node
-        spec = inventory.node(node.name)
-        result = node.run(_node_probe([r.interface for r in spec.link.rails]), timeout=15)
-        return parse_node(result.stdout)
-
-    answers = fleet.map(node_status)
-    nodes: dict[str, dict[str, object]] = {}
-    for name, value in answers.items():
-        if isinstance(value, Exception):
-            nodes[name] = {"reachable": False, "error": str(value).splitlines()[0]}
-        else:
-            nodes[name] = {"reachable": True, "error": None, **value}
-    head_ok = nodes[inventory.head.name]["reachable"]
-    reachable = all(n["reachable"] for n in nodes.values())
-    if inventory.cluster.executor == "mp":  # vLLM joins its nodes itself: there is no Ray to ask
-        healthy = reachable
-        ray: dict[str, object] = {"used": False, "reachable": False, "nodes": [],
-                                  "error": "not used (executor mp)"}
-    else:
-        state = query_state(inventory, fleet.node(inventory.head.name)) if head_ok else None
-        healthy = reachable and state is not None and state.healthy(inventory)
-        ray = {"used": True, **(state.as_dict() if state else {"reachable": False, "error": "head unreachable"})}
-    data: dict[str, object] = {"cluster": inventory.cluster.name, "healthy": healthy, "nodes": nodes, "ray": ray}
-    data["time"] = round(time.time(), 3)
+    obs, ray = _nodes_and_runtime(inventory, fleet)
+    nodes = {name: ({"reachable": True, "error": None,
+                     **node_view(s, [r.interface for r in inventory.node(name).link.rails])}
+                    if s.reachable else {"reachable": False, "error": s.error}) for name, s in obs.nodes.items()}
+    data: dict[str, object] = {"cluster": inventory.cluster.name, "nodes": nodes, "ray": ray,
+                               "time": round(time.time(), 3)}
+    obs.vllm_started = False
+    reading = None
     if plan is not None:
-        from spark_cluster.core.shell import remote_path
-
+        vllm, reading, probe_usage = _vllm(inventory, fleet, plan, api, obs, watcher, hang_after_s)
         if first is not None and first[1]:
             time.sleep(max(0.0, RATE_WINDOW_S - (time.monotonic() - first[0])))
-        sampled = time.monotonic()  # vllm_health reads /metrics first
-        vllm = vllm_health(api)
-        vllm["endpoint"] = plan.endpoint
-        if first is not None and first[1]:
-            vllm["throughput"] = throughput(first[1], vllm["metrics"], sampled - first[0])
+            last = _metrics(api) or vllm["metrics"]
+            vllm["throughput"] = throughput(first[1], _less(last, probe_usage), time.monotonic() - first[0])
         elif previous and (previous.get("vllm") or {}).get("metrics"):
             vllm["throughput"] = throughput(previous["vllm"]["metrics"], vllm["metrics"],
                                             data["time"] - previous.get("time", data["time"]))
         else:
             vllm["throughput"] = {}
-        # Started by `up` (its pid file is there) or answering: then it must be healthy. Never
-        # started (`up --until ray`) is said as such and does not make the cluster unhealthy.
-        started = head_ok and fleet.node(inventory.head.name).run(
-            f"test -f {remote_path(plan.head.log_path.rsplit('/', 1)[0])}/vllm.pid", timeout=15).ok
-        vllm["started"] = bool(started or vllm["health"])
-        vllm["failure"] = None
-        if vllm["started"] and not vllm["healthy"]:
-            from spark_cluster.ops.follow import stopped_failure
-
-            vllm["failure"] = stopped_failure(fleet, plan)
         data["vllm"] = vllm
-        if vllm["started"]:
-            data["healthy"] = healthy and vllm["healthy"]
+    v = verdict(obs, reading)
+    data["verdict"] = v.as_dict()
+    data["healthy"] = v.exit_code == 0
     return data
+
+
+def _nodes_and_runtime(inventory, fleet) -> tuple[Observation, dict[str, object]]:  # noqa: ANN001
+    from spark_cluster.core.node_sample import parse_probe, probe_command
+    from spark_cluster.ops.ray_state import query_state
+
+    def node_status(node) -> NodeSample:  # noqa: ANN001 - Node
+        rails = [r.interface for r in inventory.node(node.name).link.rails]
+        return parse_probe(node.run(probe_command(rails), timeout=20).stdout)
+
+    samples = {name: NodeSample(False, error=str(value).splitlines()[0]) if isinstance(value, Exception) else value
+               for name, value in fleet.map(node_status).items()}
+    obs = Observation(time=time.monotonic(), nodes=samples)
+    if inventory.cluster.executor == "mp":  # vLLM joins its nodes itself: there is no Ray to ask
+        return obs, {"used": False, "reachable": False, "nodes": [], "error": "not used (executor mp)"}
+    if not samples[inventory.head.name].reachable:
+        obs.runtime_ok = False
+        obs.runtime_detail = f"{inventory.head.name}, Ray's head, does not answer"
+        return obs, {"used": True, "reachable": False, "error": "head unreachable"}
+    state = query_state(inventory, fleet.node(inventory.head.name))
+    obs.runtime_ok = state.healthy(inventory)
+    if not obs.runtime_ok:
+        missing = [s.name for s in inventory.nodes if not state.alive(str(s.link_address))]
+        obs.runtime_detail = (state.error.splitlines()[0] if not state.reachable and state.error
+                              else f"Ray has no live node with a GPU for {', '.join(missing)}")
+    return obs, {"used": True, **state.as_dict()}
+
+
+def _vllm(inventory, fleet, plan, api, obs, watcher, hang_after_s):  # noqa: ANN001, ANN202
+    """vLLM's endpoints, whether it runs, why not, and its engine judged (fills `obs`)."""
+    from spark_cluster.core.errors import SparkClusterError
+    from spark_cluster.core.shell import remote_path
+    from spark_cluster.ops import serve
+    from spark_cluster.ops.engine_watch import Prober, judge_once, log_hint, opened
+
+    vllm = vllm_health(api)
+    vllm["endpoint"] = plan.endpoint
+    head_ok = obs.nodes[inventory.head.name].reachable
+    # Started by `up` (its pid file is there) or answering: then it must be healthy. Never
+    # started (`up --until ray`) is said as such and does not make the cluster unhealthy.
+    started = head_ok and fleet.node(inventory.head.name).run(
+        f"test -f {remote_path(plan.head.log_path.rsplit('/', 1)[0])}/vllm.pid", timeout=15).ok
+    vllm["started"] = obs.vllm_started = bool(started or vllm["health"])
+    obs.vllm_healthy = bool(vllm["healthy"])
+    obs.vllm_detail = vllm["error"] or (f"/health answered {vllm['health']}" if vllm["health"] else
+                                        f"nothing answers at {plan.endpoint}")
+    try:
+        obs.vllm_running = bool(vllm["health"]) or all(
+            serve.running(fleet.node(c.node), c) for c in plan.commands if obs.nodes[c.node].reachable)
+    except SparkClusterError:
+        obs.vllm_running = bool(vllm["health"])
+    vllm["failure"] = None
+    if vllm["started"] and not vllm["healthy"]:
+        from spark_cluster.ops.follow import stopped_failure
+
+        vllm["failure"] = obs.failure = stopped_failure(fleet, plan)
+    reading, usage = None, (0, 0)
+    if vllm["healthy"]:
+        if watcher is not None:
+            reading = watcher.look(api)
+        else:
+            # The probe outlives the look: one timed out before the verdict would leave nothing to judge by.
+            prober = Prober(lambda: opened(plan, fleet), plan.served_model_name, api_key(plan), 2 * hang_after_s + 5)
+            reading, _, last = judge_once(api, prober, hang_after_s, hint=lambda: log_hint(fleet, plan))
+            prober.wait(0)
+            usage = prober.usage
+            obs.probe = prober.view()
+        vllm["engine"] = {"state": reading.state, "frozen_s": reading.frozen_s, "evidence": list(reading.evidence)}
+    return vllm, reading, usage
+
+
+def _less(metrics: dict[str, float], usage: tuple[int, int]) -> dict[str, float]:
+    """The counters without our probe's own tokens: it is not the users' load."""
+    out = dict(metrics)
+    for key, own in (("prompt_tokens_total", usage[0]), ("generation_tokens_total", usage[1])):
+        if key in out and own:
+            out[key] = max(0.0, out[key] - own)
+    return out

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from spark_cluster.core.supervise_policy import Observation
+from spark_cluster.core.observation import Observation
 
 PHASES = ("starting", "loading", "serving", "restarting", "waiting", "given-up")
 GIB = 1024**3
@@ -144,19 +144,29 @@ class BoardCollector(Collector):
         yield from (up, used, available, temperature, power, driver, carrier, leak)
 
     def _vllm(self, b: Board) -> Iterator[Metric]:
-        """vLLM's own families, each sample with the cluster and the node that serves it added, and
-        `vllm:` spelled `vllm_`: a colon is reserved for recording rules (promtool's lint)."""
+        """vLLM's own families, each sample with the cluster and the node that serves it added, under
+        the names `exposed` gives them (what promtool's lint accepts)."""
         for family in b.vllm:
-            copy = Metric(exposed(family.name), family.documentation, family.type, family.unit)
-            for s in family.samples:
-                copy.samples.append(s._replace(name=exposed(s.name),
+            name = exposed(family.name, family.type)
+            copy = Metric(name, family.documentation, family.type, family.unit)
+            for s in family.samples:  # a sample's name is its family's and a suffix (_total, _bucket, ...)
+                copy.samples.append(s._replace(name=name + s.name[len(family.name):],
                                                labels={**s.labels, "cluster": b.cluster, "node": b.head}))
             yield copy
 
 
-def exposed(name: str) -> str:
-    """vLLM's metric name as supervise serves it: vllm:x -> vllm_x."""
-    return name.replace(":", "_")
+def exposed(name: str, kind: str = "counter") -> str:
+    """vLLM's metric family name as supervise serves it. `vllm:` is spelled `vllm_` (a colon is
+    reserved for recording rules), and a family that is no counter loses a `_total` its name
+    ends in (vLLM's histogram `vllm:iteration_tokens_total` is served as `vllm_iteration_tokens`,
+    its samples `vllm_iteration_tokens_bucket`, ...): promtool rejects a non-counter named so.
+    Its `_created` series, a gauge family of its own in the text format, follows it."""
+    name = name.replace(":", "_")
+    if name.endswith("_total_created"):  # a counter's is `X_created`: only a non-counter's reads so
+        return name[: -len("_total_created")] + "_created"
+    if kind != "counter" and name.endswith("_total"):
+        name = name[: -len("_total")]
+    return name
 
 
 def registry_for(board: Board) -> CollectorRegistry:

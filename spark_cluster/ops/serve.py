@@ -147,11 +147,12 @@ def running_record(node: Node, plan: ServePlan) -> dict | None:
         return None
 
 
-def stop(fleet: Fleet, plan: ServePlan) -> dict[str, str | Exception]:
+def stop(fleet: Fleet, plan: ServePlan, grace_s: float = 20.0) -> dict[str, str | Exception]:
+    """Stop every node's vLLM; what is left after `grace_s` is KILLed."""
     def one(node: Node) -> str:
         for command in plan.commands:
             if command.node == node.name:
-                if not node.run(stop_command(command), timeout=60).ok:
+                if not node.run(stop_command(command, grace_s), timeout=60).ok:
                     raise ServeError(f"{node.name}: vLLM did not stop")
         return "stopped"
 

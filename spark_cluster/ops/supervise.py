@@ -16,6 +16,7 @@ from collections.abc import Callable
 from spark_cluster.core.errors import CommandTimeout, ConnectError, SparkClusterError
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.node_sample import parse_probe, probe_command
+from spark_cluster.core.hang import HUNG, PROBE_EVERY_S, STALLED
 from spark_cluster.core.serve_plan import serve_plan
 from spark_cluster.core.systemd_unit import GAVE_UP
 from spark_cluster.core.supervise_policy import (
@@ -23,20 +24,28 @@ from spark_cluster.core.supervise_policy import (
     memory_not_freed, record,
 )
 from spark_cluster.ops import serve
+from spark_cluster.ops.engine_watch import Prober, opened
 from spark_cluster.ops.metrics import Board, parse_vllm, sample_sum
 from spark_cluster.transport.remote import Fleet
 
 Log = Callable[[dict], None]
 FREE_WAIT_S = 30.0  # how long a stopped vLLM's memory may take to come back
+# A hung engine cannot shut down in order: a rank waiting in a collective on a frozen peer sits
+# out the TERM (22 s to stop the lab's real engine with the default 20 s grace).
+HUNG_GRACE_S = 5.0
 
 
 class Supervisor:
     def __init__(self, inventory: Inventory, fleet: Fleet, log: Log, board: Board, stop: threading.Event, *,
                  max_restarts: int = 5, window_s: float = 3600.0, interval_s: float = 5.0,
-                 hang_after_s: float = 30.0, timeout_s: float = 3600.0) -> None:
+                 hang_after_s: float = 30.0, timeout_s: float = 3600.0, probe_every_s: float = PROBE_EVERY_S) -> None:
         self.inv, self.fleet, self.board, self.stop = inventory, fleet, board, stop
         self.plan = serve_plan(inventory)
-        self.policy = Policy(hang_after_s=hang_after_s, unhealthy_after_s=max(hang_after_s, 3 * interval_s))
+        self.policy = Policy(hang_after_s=hang_after_s, unhealthy_after_s=max(hang_after_s, 3 * interval_s),
+                             probe_every_s=probe_every_s)
+        # The probe outlives a hang's judging: one cut off before would leave nothing out to judge by.
+        self.prober = Prober(lambda: opened(self.plan, self.fleet), self.plan.served_model_name,
+                             serve.api_key(self.plan), 2 * max(hang_after_s, 10.0))
         self.budget = RestartBudget(max_restarts, window_s)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self._log = log
@@ -67,6 +76,8 @@ class Supervisor:
             self.board.update(observation=observation)
             decision = Decision(RESTART_CLUSTER, self.last_cause or "up-failed") if self.needs_up \
                 else self.policy.decide(observation)
+            if decision.action == OK and self.policy.reading.probe_now:
+                self.prober.send()
             self.board.update(hung=decision.cause == "engine-hang")
             if decision.action in (RESTART_VLLM, RESTART_CLUSTER) and self.budget.spent(time.monotonic()):
                 decision = Decision(GIVE_UP, decision.cause, decision.node, decision.detail)
@@ -105,7 +116,7 @@ class Supervisor:
         if self.stop.wait(delay):
             return True
         if decision.action == RESTART_VLLM:
-            if self._stop_vllm(check_memory=True):
+            if self._stop_vllm(check_memory=True, grace_s=HUNG_GRACE_S if decision.cause == "engine-hang" else 20.0):
                 self._start_vllm(decision.cause)
         else:
             self._stop_vllm(check_memory=False)
@@ -146,20 +157,20 @@ class Supervisor:
             obs.nodes[exc.node if hasattr(exc, "node") else self.inv.head.name] = NodeSample(False, str(exc))
             return obs
         if obs.vllm_running:
+            from spark_cluster.ops.engine_watch import log_hint, read_engine
             from spark_cluster.ops.reach import reach
 
+            probe_out = self.prober.out
             try:
                 with reach(self.plan, self.fleet) as api:
-                    base = api.endpoint.removesuffix("/v1")
-                    health, _ = http(f"{base}/health")
-                    code, text = http(f"{base}/metrics")
+                    health, families, obs.engine = read_engine(api, probe_out, obs.time)
             except SparkClusterError:
-                health, code, text = 0, 0, ""
-            families = parse_vllm(text) if code == 200 else []
+                health, families = 0, []
             self.board.update(vllm=families)
             obs.vllm_healthy = health == 200
-            obs.generation_tokens = sample_sum(families, "vllm:generation_tokens_total")
-            obs.requests_running = sample_sum(families, "vllm:num_requests_running")
+            obs.probe = self.prober.view()
+            if self.policy.reading.state in (STALLED, HUNG):  # the log only while the engine stalls
+                obs.hint = log_hint(self.fleet, self.plan)
         else:
             self.board.update(vllm=[])
         return obs
@@ -186,6 +197,7 @@ class Supervisor:
             return False
         self.log("up-done", seconds=round(time.monotonic() - began, 1))
         self.policy.remember_boots(self.observe())
+        self.prober.forget()
         return True
 
     def _vllm_serves(self) -> bool:
@@ -198,9 +210,9 @@ class Supervisor:
         with reach(self.plan, self.fleet) as api:
             return readiness(api) is None
 
-    def _stop_vllm(self, check_memory: bool) -> bool:
+    def _stop_vllm(self, check_memory: bool, grace_s: float = 20.0) -> bool:
         """Stop what is left of vLLM; False when a node kept its memory (reboot advised)."""
-        for name, outcome in serve.stop(self.fleet, self.plan).items():
+        for name, outcome in serve.stop(self.fleet, self.plan, grace_s).items():
             if isinstance(outcome, Exception):
                 self.log("stop-failed", node=name, error=str(outcome).splitlines()[0])
         if not check_memory:
@@ -242,6 +254,7 @@ class Supervisor:
         self.log("vllm-ready", cause=cause, seconds=round(time.monotonic() - began, 1))
         self.board.update(phase="serving", memory_not_freed=set())
         self.policy.remember_boots(self.observe())
+        self.prober.forget()
         self.needs_up = False
         return True
 

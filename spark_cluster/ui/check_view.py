@@ -11,20 +11,23 @@ SEVERITY_STYLE = {"blocker": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def finding_lines(finding: dict) -> None:
+    """A finding: its severity, id and message, then its evidence and fix indented under it (the
+    lines we lay out fit 80 columns; a message, evidence or command is quoted whole)."""
     style = SEVERITY_STYLE[finding["severity"]]
     CONSOLES.out.print(Text(f"  {finding['severity']:<8}", style=style)
                        + Text(f"{finding['id']}", style="bold") + Text(f"  {finding['message']}"))
     if finding["evidence"]:
-        CONSOLES.out.print(Text(f"            evidence: {finding['evidence']}", style="dim"))
+        CONSOLES.out.print(Text(f"    evidence: {finding['evidence']}", style="dim"))
     fix = finding["fix"]
     if fix:
         if fix["playbook"]:
-            CONSOLES.out.print(Text(f"            fix: spark-cluster fix --only {finding['id']}"
-                                    f"  (playbook {fix['playbook']})", style="green"))
+            CONSOLES.out.print(Text(f"    fix: spark-cluster fix --only {finding['id']}", style="green"))
+            CONSOLES.out.print(Text(f"      playbook {fix['playbook']}" + (", which runs:" if fix["commands"] else ""),
+                                    style="green"))
             for command in fix["commands"]:
-                CONSOLES.out.print(Text(f"              {command}", style="green"))
+                CONSOLES.out.print(Text(f"        {command}", style="green"))
         if fix["note"]:
-            CONSOLES.out.print(Text(f"            by hand: {fix['note']}", style="green"))
+            CONSOLES.out.print(Text(f"    by hand: {fix['note']}", style="green"))
 
 
 def check_report(data: dict) -> None:
@@ -37,9 +40,10 @@ def check_report(data: dict) -> None:
             gpu = summary["gpu"] or "no GPU answer"
             memory = summary["memory_available_bytes"]
             mem = f"{memory / 1024**3:.1f} GiB available" if memory is not None else "memory ?"
-            CONSOLES.out.print(Text(node, style="bold") + Text(
-                f"  {summary['hostname']} · kernel {summary['kernel']} · {gpu} · driver "
-                f"{summary['driver_loaded'] or summary['driver_userspace'] or '?'} · {mem}"))
+            CONSOLES.out.print(Text(node, style="bold") + Text(f"  {summary['hostname']} · {gpu}"))
+            CONSOLES.out.print(f"  kernel {summary['kernel']} · driver "
+                               f"{summary['driver_loaded'] or summary['driver_userspace'] or '?'} · {mem}",
+                               markup=False)
         mine = [f for f in findings if f["node"] == node]
         for finding in mine:
             finding_lines(finding)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from spark_cluster.core.guard_rules import GuardFinding, NodeVerdict
+from spark_cluster.core.guard_rules import GuardFinding, NodeVerdict, UpgradeStep
 from spark_cluster.ui.consoles import CONSOLES
 
 SCHEMA_VERSION = 1
@@ -43,8 +43,8 @@ def guard_report(data: dict[str, Any]) -> None:
             console.print(f"  {node['error']}", markup=False)
             continue
         moving = len(node["upgrade"])
-        console.print(f"  next boot {node['next_kernel']}, driver {node['driver_after'] or 'none'}"
-                      f"; an upgrade would install {moving} package{'s' * (moving != 1)}", markup=False)
+        console.print(f"  next boot {node['next_kernel']}, driver {node['driver_after'] or 'none'}", markup=False)
+        console.print(f"  an upgrade would install {moving} package{'s' * (moving != 1)}", markup=False)
         for finding in node["findings"]:
             console.print(f"  [{STYLE[finding['severity']]}]{finding['severity']}[/] {finding['id']}: ", end="")
             console.print(finding["message"], markup=False)
@@ -65,3 +65,21 @@ def file_changes(node: str, changes: list[tuple[str, str]], shown: dict[str, str
         if shown and what == "would write":
             for line in shown[path].splitlines():
                 console.print(f"    | {line}", markup=False)
+
+
+def upgrade_plan(steps: list[UpgradeStep], shown: int = 3) -> None:
+    """Per node, before anything starts: what it installs, and whether (and why) it reboots."""
+    console = CONSOLES.out
+    for step in steps:
+        count = len(step.packages)
+        what = f"{step.node}  {count} package{'s' * (count != 1)} to install"
+        if not count:
+            console.print(f"{step.node}  nothing to install: not upgraded, not rebooted", markup=False)
+        elif not step.reboots:
+            console.print(f"{what}; no reboot (no kernel, driver or firmware)", markup=False)
+        else:
+            console.print(f"{what}, then a reboot into kernel {step.next_kernel}", markup=False)
+            for i, name in enumerate(step.reboot_for[:shown]):
+                console.print(f"  {'which needs it for' if i == 0 else '':<18} {name}", markup=False)
+            if len(step.reboot_for) > shown:
+                console.print(f"  {'':<18} and {len(step.reboot_for) - shown} more", markup=False)

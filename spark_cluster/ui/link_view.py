@@ -14,18 +14,32 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 
+def _said(line: Text, detail: str, style: str = "dim") -> None:
+    """`line`, then what the tool said: beside it where 80 columns hold both, else under it."""
+    if not detail:
+        CONSOLES.out.print(line)
+    elif len(line) + 2 + len(detail) <= 80:
+        CONSOLES.out.print(line + Text(f"  {detail}", style=style))
+    else:
+        CONSOLES.out.print(line)
+        CONSOLES.out.print(Text(f"      {detail}", style=style))
+
+
 def linktest_event(event: str, **data: object) -> None:
     """One line per measurement as `linktest` takes it."""
     if event == "ping":
         ping = data["ping"]
         mark = Text("ok  ", style="green") if ping["ok"] else Text("FAIL", style="bold red")  # type: ignore[index]
         reach = f", reaches {data['reaches']}" if data.get("reaches") else ""
-        CONSOLES.out.print(Text(f"  rail {data['rail']} {data['from']} -> {data['to']}  ping {ping['size']} B DF  ")  # type: ignore[index]
-                           + mark + Text(f"  {ping['detail']}{reach}", style="dim"))  # type: ignore[index]
+        _said(Text(f"  rail {data['rail']} {data['from']} -> {data['to']}  ping {ping['size']} B DF  ")  # type: ignore[index]
+              + mark, f"{ping['detail']}{reach}")  # type: ignore[index]
     elif event == "tcp":
         rate = data.get("gbps")
-        what = f"{rate:.2f} Gb/s" if isinstance(rate, float) else f"- ({data.get('error')})"
-        CONSOLES.out.print(f"  rail {data['rail']} {data['from']} -> {data['to']}  TCP {what}", markup=False)
+        line = Text(f"  rail {data['rail']} {data['from']} -> {data['to']}  TCP ")
+        if isinstance(rate, float):
+            CONSOLES.out.print(line + Text(f"{rate:.2f} Gb/s"))
+        else:
+            _said(line + Text("-"), f"({data.get('error')})", style="")
     elif event == "allgather-start":
         CONSOLES.out.print(f"  all-gather across {data['nodes']} nodes in the {data['runtime']} runtime ...", markup=False)
     elif event == "allgather":
@@ -37,12 +51,15 @@ def linktest_event(event: str, **data: object) -> None:
 def linktest_report(data: dict) -> None:
     ag = data.get("allgather")
     if ag and ag.get("backend"):
-        transport = "; ".join(f"{node}: {t['transport'] or '?'} {','.join(t['hcas'])}".rstrip()
-                              for node, t in ag["transport"].items()) or "no NCCL (Gloo)"
         bus = ag["bus_gbs"]
         CONSOLES.out.print(f"  all-gather: {ag['backend']} on {ag.get('device', '?')}, bus bandwidth "
-                           f"{bus:.3f} GB/s (best size); transport {transport}" if bus is not None else
+                           f"{bus:.3f} GB/s (best size)" if bus is not None else
                            "  all-gather: no size completed", markup=False)
+        for node, t in ag["transport"].items():  # a node a line: its HCAs' names are long
+            CONSOLES.out.print(f"    transport on {node}: {t['transport'] or '?'} {','.join(t['hcas'])}".rstrip(),
+                               markup=False)
+        if not ag["transport"]:
+            CONSOLES.out.print("    transport: no NCCL (Gloo)", markup=False)
     for finding in data["findings"]:
         finding_lines(finding)
     verdict = Text("link ok", style="bold green") if data["ok"] else Text("link has findings", style="bold red")
@@ -81,9 +98,11 @@ class SyncView:
         elif event == "plan":
             for node, t in data["targets"].items():  # type: ignore[union-attr]
                 what = ("identical" if not (t["files"] or t["links"]) else
-                        f"{t['files']} files ({t['bytes'] / 2**20:.0f} MiB) and {t['links']} links to copy"
-                        + (f", {t['resumed_chunks']} chunks already there" if t["resumed_chunks"] else ""))
+                        f"{t['files']} files ({t['bytes'] / 2**20:.0f} MiB) and {t['links']} links to copy")
                 CONSOLES.out.print(f"  {node} from {data['source']}: {what}", markup=False)
+                if t["resumed_chunks"]:
+                    CONSOLES.out.print(f"    {t['resumed_chunks']} chunks already there (an interrupted copy)",
+                                       markup=False)
         elif event == "copy":
             total = int(data["bytes"])  # type: ignore[arg-type]
             if CONSOLES.out.is_terminal:

@@ -16,6 +16,20 @@ from rich.text import Text
 from spark_cluster.core.vllm_log import PHASES
 
 
+def packed(first: str, items: list[str], indent: int, width: int = 80) -> list[str]:
+    """`first` and then `items` joined by ", ", folded between items into lines of at most `width`
+    columns (each next one indented by `indent`), so that a list of nodes reads at 80 columns."""
+    lines, line = [], first
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if line.strip() and len(line) + 1 + len(piece) > width:
+            lines.append(line)
+            line = " " * indent + piece
+        else:
+            line = f"{line} {piece}" if line.strip() else line + piece
+    return [*lines, line]
+
+
 def clock(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
@@ -82,10 +96,13 @@ class LoadView:
                 self.console.print(stamp + Text(progress.note, style="yellow"))
 
     def _phase_lines(self, progress, begun: list[tuple[str, float]]) -> None:  # noqa: ANN001
-        memory = "  ".join(f"{node} {gib:.1f} GiB" for node, gib in progress.memory_gib.items())
+        memory = [f"{node} {gib:.1f} GiB" for node, gib in progress.memory_gib.items()]
         for phase, at in begun:
-            self.console.print(Text(f"  {at:6.1f} s  ", style="dim") + Text(f"{phase:<12}", style="bold")
-                               + Text(f"  memory in use: {memory}" if memory else ""))
+            first, *more = packed(f"  {at:6.1f} s  {phase:<12}  memory in use:", memory, 40) if memory else [
+                f"  {at:6.1f} s  {phase:<12}"]
+            self.console.print(Text(first[:12], style="dim") + Text(first[12:24], style="bold") + Text(first[24:]))
+            for line in more:
+                self.console.print(line, markup=False, highlight=False)
 
     def _weight_lines(self, progress, stamp: Text) -> None:  # noqa: ANN001
         shards = progress.shards
@@ -94,11 +111,13 @@ class LoadView:
             if tenth != self._tenth:
                 self._tenth = tenth
                 eta = progress.eta_s
-                resident = ", ".join(f"{n} +{g:.1f} GiB" for n, g in progress.resident_gib().items())
+                resident = [f"{n} +{g:.1f} GiB" for n, g in progress.resident_gib().items()]
                 self.console.print(stamp + Text(
                     f"weights      shards {shards[0]}/{shards[1]} ({100 * shards[0] // shards[1]} %)"
-                    + (f"  ETA {clock(eta)}" if eta is not None else "")
-                    + (f"  resident: {resident}" if resident else "")))
+                    + (f"  ETA {clock(eta)}" if eta is not None else "")))
+                if resident:  # a line of its own, folded: so that it reads at 80 columns
+                    for line in packed(f"{'':<25}resident:", resident, 35):
+                        self.console.print(line, markup=False, highlight=False)
         for node, gib in progress.loaded_gib.items():
             if node not in self._loaded:
                 self._loaded.add(node)
@@ -156,9 +175,9 @@ class LoadView:
             nodes.add_row(
                 Text(node, style="bold"),
                 Text(f"{used:.1f} GiB in use" if used is not None else "memory ?"),
-                Text(f"+{share:.1f} GiB resident" + (f" of ~{expected:g}" if expected else ""))
+                Text(f"+{share:.1f}" + (f" of ~{expected:g}" if expected else "") + " GiB resident")
                 if share is not None else Text(""),
-                Text(f"weights loaded: {loaded:g} GiB", style="green") if loaded is not None else Text(""))
+                Text(f"loaded {loaded:g} GiB", style="green") if loaded is not None else Text(""))
         header = Text(f"vLLM starting  {clock(progress.elapsed)} elapsed", style="bold")
         note = Text(f"  {progress.note}", style="yellow") if progress.note else Text("")
         return Group(header, rows, nodes, note)

@@ -18,10 +18,10 @@ def inventory_summary(inventory: Inventory) -> str:
     rails = len(inventory.head.link.rails)
     model = inventory.model
     what = "no model" if model is None else f"model {model.recipe or model.name}"
-    return (
+    return (  # three short lines, so that they read at 80 columns
         f"{inventory.path}: valid: cluster {cluster.name}, {len(inventory.nodes)} nodes "
-        f"(head {inventory.head.name}), {rails} rail{'s' * (rails != 1)} at MTU "
-        f"{inventory.head.link.mtu}, runtime {cluster.runtime}, executor {cluster.executor}, {what}"
+        f"(head {inventory.head.name})\n  {what}\n  {rails} rail{'s' * (rails != 1)} at MTU "
+        f"{inventory.head.link.mtu}, runtime {cluster.runtime}, executor {cluster.executor}"
     )
 
 

@@ -51,11 +51,11 @@ def ray_node_line(node: dict, inventory) -> None:  # noqa: ANN001 - Inventory
 
 
 def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
-    for name, node in data["nodes"].items():
+    for name, node in data["nodes"].items():  # two lines each, so that they read at 80 columns
         if node["reachable"]:
-            line = (f"reachable  memory {node['memory_used_gib']} GiB used, "
-                    f"{node['memory_available_gib']} GiB available  GPU {node['gpu_temperature_c']} C "
-                    f"{node['gpu_power_w']} W  links {' '.join(node['links'])}")
+            line = (f"reachable, {node['memory_used_gib']} GiB used, {node['memory_available_gib']} GiB available"
+                    f"\n{'':<11}GPU {node['gpu_temperature_c']} C {node['gpu_power_w']} W, "
+                    f"links {' '.join(node['links'])}")
         else:
             line = f"unreachable: {node['error']}"
         CONSOLES.out.print(Text(f"{name:<10} ", style="bold") + Text(line, style="green" if node["reachable"] else "red"))
@@ -64,19 +64,24 @@ def status_view(data: dict, inventory) -> None:  # noqa: ANN001 - Inventory
         CONSOLES.out.print(Text("ray ", style="bold") + Text("not used (executor mp)", style="dim"))
     elif ray.get("refused"):  # it runs, but not for us: the message says why and what to do
         CONSOLES.out.print(Text(f"ray: {ray.get('error', '')}", style="red"))
-        vllm_status(data)
-        return
     elif not ray["reachable"]:
         CONSOLES.out.print(Text(f"ray: not running ({ray.get('error', '')})", style="red"))
-        vllm_status(data)
-        return
     else:
         CONSOLES.out.print(Text(f"ray {ray['version']}", style="bold"))
-    for node in ray["nodes"]:
-        ray_node_line(node, inventory)
+        for node in ray["nodes"]:
+            ray_node_line(node, inventory)
     vllm_status(data)
-    CONSOLES.out.print(Text("healthy" if data["healthy"] else "not healthy",
-                            style="bold green" if data["healthy"] else "bold red"))
+    verdict_view(data)
+
+
+def verdict_view(data: dict) -> None:
+    """The last lines: the verdict (healthy, hung, or what blocks serving) and its evidence."""
+    v = data.get("verdict") or {"state": "healthy" if data["healthy"] else "blocked", "evidence": []}
+    headline = v["state"] + (f" on {v['node']}" if v.get("node") else "") + (f": {v['cause']}" if v.get("cause") else "")
+    for line in v["evidence"]:
+        CONSOLES.out.print(Text(f"  {line}", style="red" if not data["healthy"] else "dim"))
+    CONSOLES.out.print(Text(headline, style="bold green" if v["state"] == "healthy" else
+                            "bold" if data["healthy"] else "bold red"))
 
 
 def plan_notes(plan) -> None:  # noqa: ANN001 - ServePlan
@@ -94,23 +99,28 @@ def forward_hint(plan) -> None:  # noqa: ANN001 - ServePlan
 
 
 def ready_summary(plan, progress) -> None:  # noqa: ANN001 - ServePlan, follow.Progress
+    """up's closing lines, each within 80 columns (the command to try folded as a shell folds it)."""
+    from spark_cluster.ui.load_view import packed
+
     state = progress.state
     # Some builds (vLLM's CPU build) log no "Model loading took … GiB": say so, not "?".
     gib = ", ".join(f"{g:g}" for g in state.weights_gib) + " GiB" if state.weights_gib else "not in the log"
-    CONSOLES.out.print(Text("ready", style="bold green") + Text(
-        f": {plan.served_model_name} serves at {plan.endpoint} after {progress.elapsed:.1f} s"))
-    CONSOLES.out.print(f"  weights per rank: {gib}; shards {state.shards_loaded}/{state.shards_total}"
-                       + (f"; load {state.load_seconds:.1f} s" if state.load_seconds else ""))
+    CONSOLES.out.print(Text("ready", style="bold green") + Text(f": {plan.served_model_name} serves at {plan.endpoint}"))
+    CONSOLES.out.print(f"  after {progress.elapsed:.1f} s; shards {state.shards_loaded}/{state.shards_total}"
+                       + (f", loaded in {state.load_seconds:.1f} s" if state.load_seconds else ""))
+    CONSOLES.out.print(f"  weights per rank: {gib}")
     resident = progress.resident_gib()
     for node, used in progress.memory_gib.items():
         loaded = progress.loaded_gib.get(node)
-        CONSOLES.out.print(f"  {node}: {used:.1f} GiB of memory in use (+{resident.get(node, 0.0):.1f} GiB since "
-                         f"the start)" + (f", {loaded:g} GiB of weights" if loaded is not None else ""))
-    CONSOLES.out.print("  phases: " + ", ".join(f"{phase} {took:.1f} s" for phase, took in progress.durations()))
+        CONSOLES.out.print(f"  {node}: {used:.1f} GiB in use, +{resident.get(node, 0.0):.1f} GiB since the start"
+                           + (f", {loaded:g} GiB of weights" if loaded is not None else ""))
+    for line in packed("  phases:", [f"{phase} {took:.1f} s" for phase, took in progress.durations()], 10):
+        CONSOLES.out.print(line, markup=False, highlight=False)
     forward_hint(plan)
-    CONSOLES.out.print(f"  try: curl {plan.endpoint}/chat/completions -H 'Content-Type: application/json' "
-                       f"-d '{{\"model\": \"{plan.served_model_name}\", \"messages\": "
-                       f"[{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    body = (f"'{{\"model\": \"{plan.served_model_name}\",\n"
+            f"{'':13}\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")
+    CONSOLES.out.print(f"  try: curl {plan.endpoint}/chat/completions \\\n"
+                       f"{'':9}-H 'Content-Type: application/json' \\\n{'':9}-d {body}", markup=False, highlight=False)
 
 
 def vllm_status(data: dict) -> None:
@@ -131,8 +141,18 @@ def vllm_status(data: dict) -> None:
         CONSOLES.out.print(Text(f"  failed on {failure['node']}: {failure['cause']}\n  evidence: {failure['evidence']}"
                                 f"\n  log: {failure['log']} on {failure['node']}", style="red"))
     metrics = {**vllm["metrics"], **(vllm.get("throughput") or {})}
-    if metrics:
-        CONSOLES.out.print("  " + "  ".join(f"{k} {v:g}" for k, v in metrics.items()))
+    line = ""
+    for pair in (f"{k} {v:,.0f}" if v == int(v) else f"{k} {v:g}" for k, v in metrics.items()):  # as many to a
+        # line as 80 columns hold
+        if line and len(line) + 2 + len(pair) > 80:
+            CONSOLES.out.print(line)
+            line = ""
+        line = f"{line}  {pair}" if line else f"  {pair}"
+    if line:
+        CONSOLES.out.print(line)
+    engine = vllm.get("engine")
+    if engine and engine["state"] not in ("hung",):  # a hang's evidence closes the report
+        CONSOLES.out.print(f"  engine {engine['state']}" + "".join(f"; {e}" for e in engine["evidence"]))
 
 
 def log_text(text: str) -> None:

@@ -22,7 +22,9 @@ from spark_cluster.core.parsers.apt_log import is_driver_package
 from spark_cluster.core.parsers.driver_info import same_version
 from spark_cluster.core.parsers.kernel_log import XID_MEANING
 from spark_cluster.core.checks.base import Finding, Fix, Host, NodeContext, blocker, fix, info, manual, warning
-from spark_cluster.core.checks.driver_load import dkms_failed_for, module_package, refusal, secure_boot_rejected
+from spark_cluster.core.checks.driver_load import (
+    dkms_failed_for, module_package, refusal, secure_boot_rejected, spark_kernel,
+)
 
 GPU_MODULES = ("nvidia", "nvidia_uvm")  # CUDA needs both; modeset/drm only serve the display
 RDMA_MODULES = ("mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs", "rdma_ucm")
@@ -267,18 +269,32 @@ def _modules_missing(host: Host, evidence: str) -> Finding:
                 f"{r.module}/{r.version} {r.kernel or ''}: {r.status}" for r in host.fact(DKMS_NVIDIA)) or "no nvidia"),
                 f"headers for {kernel}: " + {True: "present", False: "absent", None: "unknown"}[has_headers]])),
             fix("dkms-rebuild", kernel=kernel, headers=headers))
+    spark = spark_kernel(kernel)
     if method == "run":
+        uninstall = any(f.strip() == "/usr/bin/nvidia-uninstall" for f in host.fact(NVIDIA_FILES) or [])
+        ubuntu = (f"; or move to Ubuntu's packages (nvidia-uninstall, then sudo apt install "
+                  f"nvidia-driver-{branch}-open {pkg})" if spark else "")
         return blocker(
             "driver.modules-missing", node,
             f"no NVIDIA kernel module for the running kernel {kernel}: it came from NVIDIA's .run installer, "
             f"which built it for one kernel only and left no DKMS to rebuild it{also}",
             "; ".join(filter(None, [evidence, "nvidia.ko: " + (", ".join(host.fact(MODULE_PATHS)) or "none"),
-                                    "/usr/bin/nvidia-uninstall present"])),
+                                    "/usr/bin/nvidia-uninstall present" if uninstall else ""])),
             manual(f"run the installer again for this kernel with DKMS, so later kernels get the module too: "
-                   f"sudo apt install linux-headers-{kernel} dkms; sudo sh NVIDIA-Linux-aarch64-<version>.run "
-                   "--dkms --kernel-module-type=open; or move to Ubuntu's packages (nvidia-uninstall, then "
-                   f"sudo apt install nvidia-driver-{branch}-open {pkg}). `fix` cannot do it: "
-                   "which installer file was used is not on record"))
+                   f"sudo apt install linux-headers-{kernel} dkms; sudo sh NVIDIA-Linux-"
+                   f"{host.fact(UNAME).arch or 'aarch64'}-<version>.run --dkms"
+                   + (" --kernel-module-type=open" if host.fact(NEEDS_OPEN_MODULES) else "")
+                   + f"{ubuntu}. `fix` cannot do it: which installer file was used is not on record"))
+    if not spark:  # not a Spark's kernel: its module package is not ours to name
+        return blocker(
+            "driver.modules-missing", node,
+            f"no NVIDIA kernel module for the running kernel {kernel}: modprobe/modinfo find none (a kernel "
+            f"update without the module built or installed for it is the usual cause){also}",
+            "; ".join(filter(None, [evidence, f"modinfo/modprobe: no nvidia module in /lib/modules/{kernel}"])),
+            manual(f"give {kernel} its NVIDIA module: on Ubuntu its prebuilt package (`apt-cache search "
+                   f"linux-modules-nvidia | grep -- {kernel}` names it), with DKMS `sudo apt install "
+                   f"linux-headers-{kernel}` then `sudo dkms autoinstall -k {kernel}`, or the driver's installer "
+                   "again; or boot the kernel that had it"))
     return blocker(
         "driver.modules-missing", node,
         f"no NVIDIA kernel modules for the running kernel {kernel}: {pkg} is not installed "

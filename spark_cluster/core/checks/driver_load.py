@@ -22,6 +22,12 @@ def module_package(branch: str, kernel: str) -> str:
     return f"linux-modules-nvidia-{branch}-open-{kernel}"
 
 
+def spark_kernel(kernel: str) -> bool:
+    """A DGX Spark runs NVIDIA's kernel flavour (`6.17.0-1018-nvidia`), whose module package is
+    module_package's; another kernel's is not ours to name (a pasted x86 `-generic`, Arch, WSL)."""
+    return bool(re.search(r"-nvidia(?:-64k)?$", kernel or ""))
+
+
 def dkms_failed_for(host: Host, kernel: str) -> bool:
     """A DKMS build failure explains a missing module for `kernel` (any kernel when it is unknown)."""
     return any(not kernel or not f.kernel or f.kernel == kernel for f in host.fact(NVIDIA_BUILD_FAILURES))
@@ -51,6 +57,9 @@ def check_dkms_build(host: Host, ctx: NodeContext | None) -> Iterator[Finding]:
             if kernel and running and kernel != running else ""
         read = f"read {failure.make_log} (its first error says why" if failure.make_log else \
             "read /var/lib/dkms/nvidia/*/build/make.log (its first error says why"
+        prebuilt = (f"; or use the prebuilt module instead of DKMS: sudo apt-get install -y "
+                    f"{module_package(branch, k)} and sudo apt-get purge {dkms_pkg}"
+                    if spark_kernel(kernel or running) else "; or boot a kernel this driver supports")
         yield blocker(
             "driver.dkms-build-failed", host.node,
             f"DKMS could not build the NVIDIA module ({module}) for kernel {kernel or '(not named in the output)'}"
@@ -58,9 +67,10 @@ def check_dkms_build(host: Host, ctx: NodeContext | None) -> Iterator[Finding]:
             "; ".join(filter(None, [failure.line, f"make.log: {failure.make_log}" if failure.make_log else "",
                                     f"dpkg: {', '.join(failure.unconfigured)} not configured"
                                     if failure.unconfigured else ""])),
-            manual(f"sudo apt-get install -y linux-headers-{k}, then {read}: a driver too old for this kernel "
-                   f"needs a newer driver), then sudo dpkg --configure -a; or use the prebuilt module instead of "
-                   f"DKMS: sudo apt-get install -y {module_package(branch, k)} and sudo apt-get purge {dkms_pkg}"))
+            manual(("sudo apt-get install -y " if spark_kernel(kernel or running) else "install the kernel's headers (")
+                   + f"linux-headers-{k}" + ("" if spark_kernel(kernel or running) else " on Ubuntu)")
+                   + f", then {read}: a driver too old for this kernel "
+                   f"needs a newer driver), then sudo dpkg --configure -a{prebuilt}"))
 
 
 def refusal(log: KernelLog | None) -> str:

@@ -157,8 +157,9 @@ def answered(name: str, command: str | Command, parse: Callable[[str], T], *, st
 
 
 def integer(text: str) -> int | None:
-    """A whole number of ASCII digits, else None (str.isdigit also passes "²", which int refuses)."""
-    return int(text) if re.fullmatch(r"[0-9]+", text) else None
+    """A whole number of ASCII digits, else None (str.isdigit also passes "²", which int refuses; and
+    Python will not read an int of over 4,300 digits: no count or size has 19)."""
+    return int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
 
 
 _QUANTITY = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?)(?: ?[A-Za-z%]+)?")

@@ -29,7 +29,8 @@ class Package:
 
 
 def kernel_sort_key(kver: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"[0-9]+", kver))
+    # Each number cut to 18 digits: Python will not read an int of over 4,300 (a pasted `uname`).
+    return tuple(int(n[:18]) for n in re.findall(r"[0-9]+", kver))
 
 
 # dpkg's second status letter: the package's files are on disk and configured (`ii`, and `hi`

@@ -101,7 +101,7 @@ def _python_command(target: Target) -> str | None:
 
 
 def _parse_own_pids(text: str) -> frozenset[int]:
-    return frozenset(int(p) for p in text.split() if p.isascii() and p.isdigit())
+    return frozenset(int(p) for p in text.split() if p.isascii() and p.isdigit() and len(p) <= 18)
 
 
 OWN_PIDS = Fact("own_pids", _own_pids_command, text(_parse_own_pids))

@@ -78,7 +78,7 @@ def parse_meminfo(text: str) -> Memory | None:
 
 # pid and rss, then comm (the kernel's 15-character name, which may hold spaces: "LM Studio"),
 # left-aligned and padded by ps to 15 columns, then args.
-_PS = re.compile(r"\s*([0-9]+)\s+([0-9]+)\s+(.*)")
+_PS = re.compile(r"\s*([0-9]{1,18})\s+([0-9]{1,18})\s+(.*)")
 
 
 def parse_processes(text: str) -> tuple[Process, ...]:

@@ -44,6 +44,7 @@ from spark_cluster.core.yaml_checker import (
     Reader,
     Rule,
     describe,
+    number_text,
     where,
 )
 from spark_cluster.core.yaml_lines import MAX_BYTES, YamlPath, compose
@@ -142,7 +143,8 @@ def _parse_cluster(c: Checker, value: object, path: YamlPath, base: Path) -> Clu
 def _flag(c: Checker, value: object, path: YamlPath) -> bool | None:
     if isinstance(value, bool):
         return value
-    c.report(path, f"{path[-1]} must be true or false, got {value!r}", "write true or false")
+    got = repr(value) if isinstance(value, str) and len(value) <= 60 else describe(value)  # describe: a huge int too
+    c.report(path, f"{path[-1]} must be true or false, got {got}", "write true or false")
     return None
 
 
@@ -190,6 +192,10 @@ def _key(c: Checker, key: str, path: YamlPath, rule: Rule) -> str | None:
 
 def _word(c: Checker, value: object, path: YamlPath) -> str | None:
     """One argv word: text or a number (written as text); never a boolean or a control character."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        # Python cannot even print an int of over 4,300 digits; no setting takes one.
+        c.report(path, f"{where(path)} is {number_text(value)}: too long for any setting", "write the value meant")
+        return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-# `name:arch (old, new)` in Upgrade:, `name:arch (new)` or `(new, automatic)` in Install:/Remove:
-_PKG = re.compile(r"([A-Za-z0-9][A-Za-z0-9.+-]*)(?::[a-z0-9]+)? \(([^()]*)\)")
+# `name:arch (old, new)` in Upgrade:, `name:arch (new)` or `(new, automatic)` in Install:/Remove:.
+# A name starts only where a word starts: tried at every letter of one long word, it was quadratic.
+_PKG = re.compile(r"(?<![A-Za-z0-9.+-])([A-Za-z0-9][A-Za-z0-9.+-]*)(?::[a-z0-9]+)? \(([^()]*)\)")
 
 
 @dataclass(frozen=True)

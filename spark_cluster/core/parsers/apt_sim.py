@@ -1,5 +1,5 @@
-"""apt's own outputs: `apt-get -s dist-upgrade` (Inst/Conf/Remv lines), `apt-cache policy`,
-GRUB's default, and the CMA lines of /proc/meminfo.
+"""apt's own outputs: `apt-get -s dist-upgrade` (Inst/Conf/Remv lines), what a real run set up
+(dpkg's "Setting up" lines), `apt-cache policy`, GRUB's default, and the CMA lines of /proc/meminfo.
 
 Inst lines as apt 2.x prints them (the old version only for an upgrade; several origins joined
 by ", "; a trailing "[]" where apt breaks a dependency loop):
@@ -41,6 +41,16 @@ def parse_simulation(text: str) -> list[AptAction]:
         suites = tuple(o.strip().rpartition("/")[2] for o in origins.split(",") if o.strip())
         actions.append(AptAction(name.partition(":")[0], old or None, new, suites))
     return actions
+
+
+_SETTING_UP = re.compile(r"^Setting up (\S+) \(([^)]+)\) \.\.\.")
+
+
+def parse_installed(text: str) -> list[str]:
+    """The packages a real `apt-get install`/`dist-upgrade` configured, from dpkg's "Setting up
+    NAME (VERSION) ..." lines, in its order; the architecture suffix (`:arm64`) dropped."""
+    names = [m.group(1).partition(":")[0] for m in map(_SETTING_UP.match, text.splitlines()) if m]
+    return list(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_ROW = re.compile(r"^([A-Za-z0-9_.+-]+)(?:/|,\s*)([0-9][A-Za-z0-9_.+~-]*)(?:,\s*(\S+?),\s*(\S+?))?:\s*([a-z-]+)")
+# Kernel and arch hold no comma or colon: two lazy `\S+?` around a comma were quadratic in a long word.
+_ROW = re.compile(r"^([A-Za-z0-9_.+-]+)(?:/|,\s*)([0-9][A-Za-z0-9_.+~-]*)(?:,\s*([^\s,:]+),\s*([^\s,:]+))?:\s*([a-z-]+)")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ _CONSULT = re.compile(r"Consult (/var/lib/dkms/([\w.+-]{1,100})/([\w.+~-]{1,100}
 _DPKG_FAILED = re.compile(r"dpkg: error processing package ([a-z0-9][a-z0-9.+-]{0,200})(?::[a-z0-9]{1,20})? "
                           r"\(--configure\):")
 _NOT_CONFIGURED = re.compile(r"Package ([a-z0-9][a-z0-9.+-]{0,200}) is not configured yet\.")
+# The command that ran the build names its module, where no make.log line does:
+# `dkms install -m nvidia -v 470.86`, `dkms install --no-depmod nvidia/470.256.02 -k 6.14.4-arch1-2`.
+_COMMAND = re.compile(r"\bdkms (?:install|build)\b(?: {1,4}-{1,2}[\w-]{1,30})*? {1,4}(?:-m ([\w.+-]{1,100}) -v ([\w.+~-]{1,100})"
+                      r"|([\w.+-]{1,100})/([0-9][\w.+~-]{0,100}))")
 
 
 @dataclass(frozen=True)
@@ -70,12 +75,15 @@ def parse_build_failures(text: str) -> tuple[BuildFailure, ...]:
     failures: list[dict[str, object]] = []
     building = ""
     unconfigured: list[str] = []
+    ran: dict[str, object] = {}  # the module and version the last dkms command named
     for raw in (text or "").splitlines():
         line = raw[:_LINE_MAX].strip()
+        if "dkms " in line and (m := _COMMAND.search(line)) is not None:
+            ran = {"module": m.group(1) or m.group(3), "version": m.group(2) or m.group(4)}
         if (m := _BUILDING.match(line)) is not None:
             building = m.group(1)
         elif (m := _BAD_STATUS.match(line)) is not None:
-            failures.append({"kernel": m.group(1), "arch": m.group(2), "line": line})
+            failures.append({**ran, "kernel": m.group(1), "arch": m.group(2), "line": line})
         elif (m := _NO_HEADERS.match(line)) is not None:
             failures.append({"kernel": m.group(1), "headers_missing": True, "line": line})
         elif (m := _AUTOINSTALL.match(line)) is not None:

@@ -10,9 +10,10 @@ from collections.abc import Iterable, Mapping
 _PROC = re.compile(r"NVRM version:\s+NVIDIA UNIX (Open )?(?:\S+ )?Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)")
 _NVML = re.compile(r"NVML library version:\s*([0-9]+(?:\.[0-9]+)+)")
 _SMI_HEAD = re.compile(r"NVIDIA-SMI\s+([0-9.]+)\s+Driver Version:\s+([0-9.]+)\s+CUDA Version:\s+([0-9.]+|N/A)")
-_SMI_GPU = re.compile(r"^\|\s+([0-9]+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9])")
+_BUS_ID = re.compile(r"[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9]")
 _SMI_READ = re.compile(r"^\|\s+(?:N/A|[0-9]+%)\s+(N/A|[0-9]+C)\s+(P[0-9]+)\s+(N/A|[0-9.]+W)")
-_VERSION = re.compile(r"[0-9]+\.[0-9]+(?:\.[0-9]+)?")
+# Starts only where a digit run starts: tried at every digit of a long run, it was quadratic.
+_VERSION = re.compile(r"(?<![0-9])[0-9]+\.[0-9]+(?:\.[0-9]+)?")
 
 
 def proc_version(text: str) -> tuple[str | None, str | None]:
@@ -69,6 +70,20 @@ def nvml_version(text: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _gpu_row(line: str) -> dict[str, str] | None:
+    """`|   0  NVIDIA GB10   Off |   0000000F:01:00.0 Off |  N/A |`: index, name, persistence, bus id.
+    Split on the table's bars and on blanks: a pattern with a lazy name before `\\s+(On|Off)` took
+    time quadratic in a long blank run."""
+    cells = line.strip().split("|")
+    if len(cells) < 3 or cells[0]:
+        return None
+    words, bus = cells[1].split(), cells[2].split()
+    if len(words) < 3 or not words[0].isdigit() or words[-1] not in ("On", "Off") or not bus \
+            or not _BUS_ID.fullmatch(bus[0]):
+        return None
+    return {"name": " ".join(words[1:-1]), "persistence": words[-1], "bus_id": bus[0]}
+
+
 def parse_smi_table(text: str) -> dict[str, str] | None:
     """The default nvidia-smi table: driver and CUDA version, and the first GPU's row."""
     head = _SMI_HEAD.search(text or "")
@@ -77,9 +92,9 @@ def parse_smi_table(text: str) -> dict[str, str] | None:
     found = {"driver": head.group(2), "cuda": head.group(3)}
     lines = (text or "").splitlines()
     for i, line in enumerate(lines):
-        gpu = _SMI_GPU.match(line.strip())
+        gpu = _gpu_row(line)
         if gpu:
-            found.update(name=gpu.group(2).strip(), persistence=gpu.group(3), bus_id=gpu.group(4))
+            found.update(gpu)
             read = _SMI_READ.match(lines[i + 1].strip()) if i + 1 < len(lines) else None
             if read:
                 found.update(temperature=read.group(1).rstrip("C"), pstate=read.group(2),
@@ -111,7 +126,7 @@ def userspace_version(packages: Iterable[tuple[str, str, bool]]) -> tuple[str, s
 
 def library_version(listing: str) -> str | None:
     """The version in a `libnvidia-ml.so.<version>` file name (whatever installed it)."""
-    found = re.findall(r"libnvidia-ml\.so\.([0-9]+\.[0-9]+(?:\.[0-9]+)?)\b", listing or "")
+    found = re.findall(r"libnvidia-ml\.so\.([0-9]{1,9}\.[0-9]{1,9}(?:\.[0-9]{1,9})?)\b", listing or "")
     return max(found, key=lambda v: [int(p) for p in v.split(".")]) if found else None
 
 

@@ -17,7 +17,7 @@ _PREFIXES = (
     re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9:.,+\-]+\s+(?:\S+\s+)?kernel:\s?"),  # iso / syslog
     re.compile(r"^kernel:\s?"),
 )
-_XID = re.compile(r"NVRM: Xid \(([^)]*)\): ([0-9]+)(?:, (.*))?")
+_XID = re.compile(r"NVRM: Xid \(([^)]*)\): ([0-9]{1,9})(?![0-9])(?:, (.*))?")
 _ADAPTER = re.compile(r"(RmInitAdapter|rm_init_adapter) failed")
 _MISMATCH = re.compile(
     r"API mismatch: the client(?: '([^']*)' \(pid [0-9]+\))? has the version ([0-9]+(?:\.[0-9]+)*), but this "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_LINK = re.compile(r"^link (\S+)/([0-9]+)\b(.*)$")
+_LINK = re.compile(r"^link (\S+)/([0-9]{1,9})\b(.*)$")  # a longer port number is no port
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def parse_ibstat(text: str) -> dict[str, RdmaPort]:
         if ca is not None and port:
             rate = values.get("Rate", "")
             ports.setdefault(ca, RdmaPort(ca, port, values.get("State", ""), values.get("Physical state", ""),
-                                          None, int(rate) if rate.isascii() and rate.isdigit() else None,
+                                          None, int(rate) if rate.isascii() and rate.isdigit() and len(rate) <= 9 else None,
                                           values.get("Link layer")))
 
     for line in (text or "").splitlines():
@@ -56,7 +56,7 @@ def parse_ibstat(text: str) -> dict[str, RdmaPort]:
         if (m := re.match(r"^CA '([^']+)'", stripped)) is not None:
             close()
             ca, port, values = m.group(1), 0, {}
-        elif (m := re.match(r"^Port ([0-9]+):$", stripped)) is not None:
+        elif (m := re.match(r"^Port ([0-9]{1,9}):$", stripped)) is not None:
             close()
             port, values = int(m.group(1)), {}
         elif port and ":" in stripped:
