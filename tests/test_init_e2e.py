@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REBOOT_S, REPO, cli
+from lab_cli import LAB_MARKS, REPO, cli
 
 from spark_cluster_lab import lab as simlab
 from spark_cluster_lab.breakage import break_node, heal_node
 from spark_cluster_lab.faults.live import LiveNode
 
-pytestmark = LAB_MARKS
+pytestmark = [*LAB_MARKS, pytest.mark.lab_fresh]
 
 A, B = "10.117.0.11", "10.117.0.12"
 RAILS = ("enp1s0f1np1", "enP2p1s0f1np1")
@@ -43,9 +43,10 @@ class Fresh:
 
 
 @pytest.fixture(scope="module")
-def fresh(tmp_path_factory: pytest.TempPathFactory):
-    simlab.down()
-    lab, _ = simlab.up(2, reboot_s=REBOOT_S, fresh=True)
+def fresh(lab_pool, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN001 - labs.Pool
+    """The fresh lab, in place of the session's (labs.Pool: a module after this one gets it back)."""
+    lab, left, _ = lab_pool.replace(2, fresh=True)
+    assert left == [], left
     tmp = tmp_path_factory.mktemp("init")
     home = tmp / "home"
     home.mkdir()
@@ -54,7 +55,6 @@ def fresh(tmp_path_factory: pytest.TempPathFactory):
     yield Fresh(lab, home, key, simlab.sudo_password(), tmp)
     for inventory in tmp.glob("*.yaml"):
         cli("down", str(inventory), env={"HOME": str(home)})
-    assert simlab.down() == []
 
 
 def _env(f: Fresh) -> dict[str, str]:
