@@ -117,9 +117,10 @@ def test_a_wrong_password_stops_it_before_anything_changes(fresh: Fresh) -> None
         done = init(fresh, fresh.tmp / "pw.yaml", "--yes")
         text = done.stdout + done.stderr
         assert done.returncode == 1, text
-        assert f"spark-b: authentication failed for nvidia@{B}:22: it refused the password and the key(s) offered: " \
-               f"{fresh.key}" in text
-        assert "nothing was changed on any node" in text and fresh.password not in text
+        # Named by its address: its hostname is read only after a login.
+        assert f"{B}: authentication failed for nvidia@{B}:22: it refused the password and the key(s) offered: " \
+               f"{fresh.key}" in text, text
+        assert "nothing was changed on any node" in text and fresh.password not in text, text
         assert snapshot(fresh) == before
     finally:
         heal_node(fresh.lab, "spark-b")
@@ -138,7 +139,7 @@ def test_a_cabling_fault_is_said_with_its_fix_and_nothing_is_written(fresh: Fres
         done = init(fresh, fresh.tmp / "cable.yaml", "--yes")
         text = done.stdout + done.stderr
         assert done.returncode == 1, text
-        assert said in text and "  fix: " in text and "nothing was changed on any node" in text
+        assert said in text and "  fix: " in text and "nothing was changed on any node" in text, text
         assert snapshot(fresh) == before
         assert not (fresh.tmp / "cable.yaml").exists()
     finally:
@@ -162,8 +163,8 @@ def test_ctrl_c_puts_back_what_it_changed(fresh: Fresh) -> None:
     rest = proc.stdout.read()
     text = "".join(seen) + rest
     assert proc.wait(timeout=120) == 130, text
-    assert "interrupted (Ctrl-C)" in text and "put back as it was:" in text
-    assert "spark-b: restored: " in text and "removed /etc/netplan/40-cx7.yaml" in text
+    assert "interrupted (Ctrl-C)" in text and "put back as it was:" in text, text
+    assert "spark-b: restored: " in text and "removed /etc/netplan/40-cx7.yaml" in text, text
     assert snapshot(fresh) == before
 
 
@@ -178,7 +179,7 @@ def test_another_tools_netplan_file_is_adopted_and_undo_puts_it_back(fresh: Fres
         text = done.stdout + done.stderr
         assert done.returncode == 0, text
         assert ("write /etc/netplan/98-spark-vllm-docker.yaml (mode 0600): adopted: it configures enp1s0f1np1, "
-                "enP2p1s0f1np1 already") in text
+                "enP2p1s0f1np1 already") in text, text
         for node, host in (("spark-a", 10), ("spark-b", 11)):
             files = _on(fresh, node, "ls /etc/netplan; cat /etc/netplan/98-spark-vllm-docker.yaml")
             assert files.startswith("98-spark-vllm-docker.yaml\n# Adopted by `spark-cluster init`"), files
@@ -203,13 +204,13 @@ def test_from_fresh_sparks_init_then_up_serves_and_undo_leaves_them_as_they_were
         text = done.stdout + done.stderr
         assert done.returncode == 0, text
         assert "put back" not in text  # the blips did not roll a good change back
-        assert "rail 0: spark-a enp1s0f1np1 192.168.100.10/24, spark-b enp1s0f1np1 192.168.100.11/24" in text
-        assert "every rail both ways at MTU 9000 (a 8972-byte ping): ok" in text
+        assert "rail 0: spark-a enp1s0f1np1 192.168.100.10/24, spark-b enp1s0f1np1 192.168.100.11/24" in text, text
+        assert "every rail both ways at MTU 9000 (a 8972-byte ping): ok" in text, text
         assert text.index("spark-b    netplan apply") < text.index("spark-a    netplan apply")  # workers first
         assert f"{A}: host key ssh-ed25519 SHA256:" in text and fresh.password not in text
         pinned = sorted(out.with_name("cluster.known_hosts").read_text().splitlines())
         assert pinned == sorted(fresh.lab.known_hosts.read_text().splitlines())  # the nodes' real host keys
-        assert "\nready: 2 nodes checked in " in text and "0 blockers" in text  # check's verdict on the inventory
+        assert "\nready: 2 nodes checked in " in text and "0 blockers" in text, text  # check's verdict on the inventory
         for node, host in (("spark-a", 10), ("spark-b", 11)):
             assert f"inet 192.168.100.{host}/24" in _on(fresh, node, "ip -4 addr show dev enp1s0f1np1 | grep 'mtu 9000' -A3")
             journals = _on(fresh, node, "stat -c '%a %U' /var/lib/spark-cluster/init /var/lib/spark-cluster/init/*")
