@@ -28,6 +28,10 @@ _ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\
 # The `ip:` row of Ray's ActorDiedError (`The actor died unexpectedly ...` then tab-indented
 # class_name, actor_id, pid, namespace, ip): the node whose rank died.
 _DIED_IP = re.compile(r"(?:^|\]|\s)ip: ([\d.]+|[0-9a-fA-F:]+)\s*$")
+# The raylet's own word on a worker process gone mid-task (`(raylet) A worker died or was killed
+# while executing a task ... Worker IP address: X Worker port: ...`): often before Ray's
+# ActorDiedError reaches the driver, and the first error line of the log.
+_WORKER_IP = re.compile(r"Worker IP address: ([\d.]+|[0-9a-fA-F:]+)")
 
 POLL_S = 1.0
 PG_WAIT_NOTE = "vLLM has waited for its Ray placement group"
@@ -330,8 +334,8 @@ def failing_node(text: list[str], nodes_by_ip: dict[str, str] | None, evidence: 
     if evidence and _ACTOR.search(evidence):
         return node_of(evidence, nodes_by_ip) or head
     lines = "\n".join(text).splitlines()
-    for line in lines:  # a rank whose process died: Ray's ActorDiedError names its node's ip
-        died = _DIED_IP.search(line) if "ip: " in line else None
+    for line in ([evidence] if evidence else []) + lines:  # a rank whose process died: Ray names its node's ip
+        died = (_DIED_IP.search(line) if "ip: " in line else None) or _WORKER_IP.search(line)
         if died and died[1] in (nodes_by_ip or {}):
             return (nodes_by_ip or {})[died[1]]
     for line in lines:
