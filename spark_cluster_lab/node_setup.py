@@ -141,6 +141,10 @@ def _boot_script(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> s
             # A fresh node's own /etc/netplan (node_fresh.py), never this machine's files.
             *([f"mkdir -p /etc/netplan && mount --bind {q(str(paths.root / 'netplan'))} /etc/netplan"]
               if (paths.root / "netplan").is_dir() else []),
+            # The node's own state of spark-cluster (init's journals), never this machine's or
+            # another node's: a journal's name is the run's, the same on every node.
+            f"mkdir -p {q(str(paths.root / 'var-lib-spark-cluster'))} /var/lib/spark-cluster",
+            f"mount --bind {q(str(paths.root / 'var-lib-spark-cluster'))} /var/lib/spark-cluster",
             *_private_mounts(paths),
             *(f"mkdir -p {q(str(src))} && mount --bind {q(str(view))} {q(str(src))}"
               for src, view in keep),
