@@ -11,7 +11,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 packages=(openssh-server openssh-client iproute2 iputils-ping procps psmisc util-linux sudo rsync
-          prometheus systemd)  # promtool and a real Prometheus for deploy/; systemd-analyze for `service`
+          prometheus systemd  # promtool and a real Prometheus for deploy/; systemd-analyze for `service`
+          netplan.io)  # the fresh lab's nodes run netplan's own generator (`lab up --fresh`, `init`)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv python3-pip)
 missing=()
 for p in "${packages[@]}"; do
