@@ -428,3 +428,13 @@ def test_one_image_everywhere_and_the_template_stages_the_model() -> None:
         for line, text in enumerate(path.read_text().splitlines(), 1):
             for image in re.findall(r"nvcr\.io/nvidia/vllm:[\w.-]+", text):
                 assert image == lab.cluster.image, f"{path.name}:{line}: {image}, the template runs {lab.cluster.image}"
+
+
+def test_diagnoses_json_table_names_every_field() -> None:
+    from spark_cluster.core.diagnose import FIELDS
+
+    text = (REPO / "docs" / "diagnose.md").read_text()
+    table = text[text.index("## JSON fields (`--json`)"):text.index("## Causes and what to do")]
+    rows = {name for line in table.splitlines() if line.startswith("| `")
+            for name in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
+    assert set(FIELDS) <= rows, set(FIELDS) - rows
