@@ -334,7 +334,7 @@ def test_a_flag_renamed_in_the_readme_fails_on_its_line() -> None:
     readme = (REPO / "README.md").read_text()
     assert command_problems("README.md", readme) == []
     for flag, renamed in (("--stalled-after", "--stall-after"), ("--dry-run", "--dryrun"),
-                          ("--model", "--models")):
+                          ("--no-allgather", "--no-all-gather"), ("--hang-after", "--hang")):
         assert flag in readme
         doctored = readme.replace(flag, renamed, 1)
         line = doctored[:doctored.index(renamed)].count("\n") + 1
