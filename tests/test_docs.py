@@ -438,3 +438,36 @@ def test_diagnoses_json_table_names_every_field() -> None:
     rows = {name for line in table.splitlines() if line.startswith("| `")
             for name in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
     assert set(FIELDS) <= rows, set(FIELDS) - rows
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def link_problems(path: Path, text: str) -> list[str]:
+    """Every relative link names a file that exists and, after `#`, one of its headings."""
+    found = []
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    for m in re.finditer(r"\]\(([^)\s]+)\)", prose):
+        target = m.group(1)
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        where = (path.parent / file).resolve() if file else path
+        line = prose.count("\n", 0, m.start()) + 1
+        if not where.exists():
+            found.append(f"{path.name}:{line}: {target}: no such file")
+            continue
+        if anchor and where.suffix == ".md":
+            headings = {slug(h) for h in re.findall(r"^#+ (.+)$", where.read_text(), re.M)}
+            if anchor not in headings:
+                found.append(f"{path.name}:{line}: {target}: no heading #{anchor} in {where.name}")
+    return found
+
+
+def test_every_link_between_the_docs_lands() -> None:
+    problems = [p for path in DOCS for p in link_problems(path, path.read_text())]
+    assert not problems, "\n".join(problems)
+    assert link_problems(REPO / "README.md", "[x](docs/bench.md#fitt)") == [
+        "README.md:1: docs/bench.md#fitt: no heading #fitt in bench.md"]
