@@ -471,3 +471,33 @@ def test_every_link_between_the_docs_lands() -> None:
     assert not problems, "\n".join(problems)
     assert link_problems(REPO / "README.md", "[x](docs/bench.md#fitt)") == [
         "README.md:1: docs/bench.md#fitt: no heading #fitt in bench.md"]
+
+
+def test_the_readme_walks_a_real_pair_from_two_boxes_to_a_request() -> None:
+    """The README's first section: every step an owner of two Sparks takes, in order, on the
+    template inventory, and the request names the model as the plan serves it."""
+    from spark_cluster.core.inventory import load_inventory
+    from spark_cluster.core.serve_plan import serve_plan
+
+    readme = (REPO / "README.md").read_text()
+    assert readme.index("## Two Sparks to a served model") < readme.index("## Try it without hardware")
+    section = readme[readme.index("## Two Sparks to a served model"):readme.index("\n## ", readme.index(
+        "## Two Sparks to a served model") + 3)]
+    typed = [words for _, words, synopsis in command_lines(section)
+             if not synopsis and "inventories/lab.yaml" in words]
+    steps = [["init"], ["check"], ["linktest"], ["sync"], ["fit"], ["up"], ["status"], ["guard", "--install"]]
+    at = [next((i for i, words in enumerate(typed) if words[0] == step[0] and set(step) <= set(words)), None)
+          for step in steps]
+    assert None not in at, f"the README's real pair lacks {[s for s, i in zip(steps, at) if i is None]}"
+    assert at == sorted(at), f"the README's real pair takes its steps out of order: {typed}"
+    plan = serve_plan(load_inventory(LAB))
+    blocks = [m.group(2) for m in FENCE.finditer(section)]
+    assert any(b.startswith("hf download " + plan.model) or f"\nhf download {plan.model}" in b for b in blocks)
+    assert any(plan.forward is not None and plan.forward.split(" nvidia@")[0] in b for b in blocks)
+    assert any(f'"model": "{plan.served_model_name}"' in b and b.startswith("curl ") for b in blocks)
+    for words in ("What you need", "How it is wired", "The link by hand", "120 GB", "15 minutes",
+                  "runtime.image-missing"):
+        assert words in section, words
+    glossary = readme[readme.index("## Glossary"):]
+    for term in ("rail", "twin", "HCA", "placement group", "TTFT, TPOT, ITL", "mp"):
+        assert f"| {term} |" in glossary, term
