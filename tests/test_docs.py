@@ -306,6 +306,20 @@ def test_every_command_line_in_the_docs_parses() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_every_command_in_the_inventories_comments_parses() -> None:
+    """The inventories' comments say how to use them (`#   spark-cluster up inventories/lab.yaml`)."""
+    said = 0
+    for path in sorted((REPO / "inventories").glob("*.yaml")):
+        # Each comment line as a line of a shell block (other lines blank, so that numbers hold).
+        text = "```bash\n" + "\n".join(re.sub(r"^\s*#\s*", "", line) if line.lstrip().startswith("#") else ""
+                                      for line in path.read_text().splitlines()) + "\n```\n"
+        said += len(command_lines(text))
+        problems = [re.sub(r"^([^:]+):(\d+):", lambda m: f"{m.group(1)}:{int(m.group(2)) - 1}:", p)
+                    for p in command_problems(path.name, text)]  # less the fence's own line
+        assert not problems, "\n".join(problems)
+    assert said >= 3
+
+
 @pytest.mark.parametrize(("line", "said"), [
     ("spark-cluster up inventories/lab.yaml --untill vllm", "No such option '--untill'"),
     ("spark-cluster up inventories/lab.yaml --until vlm", "'vlm' is not one of"),
