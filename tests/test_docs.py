@@ -515,3 +515,11 @@ def test_the_readme_walks_a_real_pair_from_two_boxes_to_a_request() -> None:
     glossary = readme[readme.index("## Glossary"):]
     for term in ("rail", "twin", "HCA", "placement group", "TTFT, TPOT, ITL", "mp"):
         assert f"| {term} |" in glossary, term
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Run the tests"):]
+    command = next(m.group(2).strip() for m in FENCE.finditer(section))
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [command]
