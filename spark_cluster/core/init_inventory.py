@@ -17,7 +17,7 @@ cluster:
   # container: vLLM runs in NVIDIA's vLLM image on every node; host: from a Python environment
   # already installed on every node (set python:).
   runtime: container
-  image: nvcr.io/nvidia/vllm:26.05-py3
+  image: nvcr.io/nvidia/vllm:26.04-py3
   ray_port: 6379
   executor: ray
   # NGC's vLLM images from 26.04 on ship without Ray: the pinned Ray is installed at the start.
@@ -29,6 +29,8 @@ model:
   recipe: qwen3-235b-a22b-gptq-int4
   args: {{}}
   hf_cache: ~/.cache/huggingface
+  # Download on one node; up copies what another node lacks over the link before vLLM starts.
+  sync: true
 """
 
 
