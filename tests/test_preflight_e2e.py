@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REBOOT_S, cli, on_node
+from lab_cli import LAB_MARKS, REBOOT_S, chosen_state, cli, on_node
 
 from spark_cluster_lab import lab as simlab
 from spark_cluster_lab.breakage import break_node, heal_node
-from spark_cluster_lab.layout import NodePaths
 
 pytestmark = LAB_MARKS
 
@@ -123,16 +122,6 @@ def test_fix_yes_repairs_and_check_passes_again(healthy, fault: str, password: b
     assert f"fixed: spark-b: {EXPECTED[fault][0]}" in done.stdout
     code, report = check(inventory)
     assert code == 0, blockers(report)
-
-
-def chosen_state(node: str) -> dict:
-    """A node's state as what was done to it decides it: less the memory its own processes hold,
-    which its init measures and writes as they grow (a hog still filling its pages)."""
-    import json
-
-    state = json.loads(NodePaths.for_node(node).state.read_text())
-    state.get("memory", {}).pop("processes_kib", None)
-    return state
 
 
 def test_dry_run_changes_nothing(healthy) -> None:
