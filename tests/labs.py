@@ -42,6 +42,21 @@ def nodes_wanted(item: pytest.Item) -> int:
     return marker.args[0] if marker else 2
 
 
+def _images_back(lab) -> None:  # noqa: ANN001 - a spark_cluster_lab.lab.Lab
+    """The lab's vLLM image on every node again, as `lab up` left it: a test may `docker rmi` it
+    (the lab has no registry to pull it back from), and the next module's container runs need it."""
+    from spark_cluster_lab.faults.live import LiveNode
+    from spark_cluster_lab.state import VLLM_IMAGE
+
+    nodes = [LiveNode(node) for node in lab.nodes]
+    kept = next((n.state()["docker"]["images"][VLLM_IMAGE] for n in nodes
+                 if VLLM_IMAGE in n.state()["docker"]["images"]), None)
+    assert kept is not None, f"no node of the lab has {VLLM_IMAGE} any more"
+    for node in nodes:
+        with node.locked() as state:
+            state["docker"]["images"].setdefault(VLLM_IMAGE, dict(kept))
+
+
 def lab_order(item: pytest.Item) -> tuple[int, bool]:
     """Where a lab test runs: by its lab's size, a fresh lab's after the set-up one of its size."""
     return nodes_wanted(item), item.get_closest_marker("lab_fresh") is not None
@@ -138,6 +153,7 @@ class Pool:
         COUNTS["restore"] += 1
         for node in lab.nodes:
             heal_node(lab, node.name)
+        _images_back(lab)
         simlab.set_reboot_seconds(lab, REBOOT_S)
         inventory = self.inventories["emulator"]
         deadline = time.monotonic() + REBOOT_S + 40  # a node the last test rebooted comes back first

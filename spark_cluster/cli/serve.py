@@ -87,6 +87,7 @@ def down(inventory: str) -> int:
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.ray_cluster import leftovers, tear_down
+    from spark_cluster.ops.shm import Freed, free_leaked
 
     inv = load_inventory(inventory)
     failed = False
@@ -100,6 +101,7 @@ def down(inventory: str) -> int:
                     ui.CONSOLES.out.print(f"{name}: vLLM not stopped: {str(outcome).splitlines()[0]}")
         stopped = tear_down(inv, fleet)
         left = fleet.map(lambda node: leftovers(inv, node))
+        freed = fleet.map(free_leaked)  # after the ranks are gone: only then is a segment orphaned
     for name in stopped:
         outcome, remains = stopped[name], left[name]
         if isinstance(outcome, Exception) or isinstance(remains, Exception):
@@ -111,6 +113,8 @@ def down(inventory: str) -> int:
             failed = True
         else:
             ui.CONSOLES.out.print(f"{name}: stopped; no process, container or port of the cluster left")
+            if isinstance(done := freed.get(name), Freed) and done.segments:
+                ui.CONSOLES.out.print(f"{name}: freed {done}")
     return 1 if failed else 0
 
 
