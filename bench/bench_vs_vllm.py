@@ -4,13 +4,16 @@ server: TTFT, TPOT and ITL at p50 and p99, side by side.
     sudo .venv/bin/python bench/bench_vs_vllm.py [--rate 2] [--duration 30] [--max-tokens 128] [--seed 0]
 
 Brings a two-node lab up with the real vLLM (its CPU build, TP=2, executor mp), `up`, warms it
-with 10 s of ours at the rate (thrown away), then runs ours, vLLM's, ours again (the machine is
-shared: ours is held to the mean of the two runs around vLLM's), both with the same seed, the same number of requests, Poisson arrivals at the same rate,
-`ignore_eos` with the same output length and prompts of the same token count (ours: its chat
-prompt; vLLM's: `--dataset-name random` of that length less the chat template's tokens, which
-its openai-chat backend adds back on the server). vLLM's runs on the head node with the engine's
-own Python. Prints the table and whether each figure is within --tolerance (10 %); exit 1 if not.
-The lab is left down, on error, Ctrl-C and `kill` too.
+with 10 s of ours at the rate (thrown away), then runs --rounds rounds of ours and vLLM's, the
+order swapped each round (the machine is shared and drifts), both with the same seed, the same
+number of requests, Poisson arrivals at the same rate, `ignore_eos` with the same output length
+and prompts of the same token count (ours: its chat prompt; vLLM's: `--dataset-name random` of
+that length less the chat template's tokens, which its openai-chat backend adds back on the
+server). Ours reads /metrics every 0.5 s for its KV-cache figure; beside vLLM's run a poller does
+the same, so the server carries the same load under both. vLLM's runs on the head node with the
+engine's own Python. Each figure is the median over the rounds. Prints the table and whether
+each figure is within --tolerance (10 %); exit 1 if not. The lab is left down, on error, Ctrl-C
+and `kill` too.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import re
 import signal
 import subprocess
 import sys
+import statistics
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -86,6 +91,35 @@ def theirs(inventory: Path, rate: float, prompts: int, input_len: int, max_token
     return out
 
 
+def len_of_run(args: argparse.Namespace) -> int:
+    """How many requests ours sends in a run: its Poisson arrivals within the duration, same seed."""
+    from spark_cluster.ops.bench_sweeps import arrivals
+
+    return len(arrivals(args.rate, args.duration, args.seed))
+
+
+class polling_metrics:  # noqa: N801 - a context manager, named for what it does
+    """GET /metrics every 0.5 s, as `spark-cluster bench` does during its run for the KV-cache figure."""
+
+    def __enter__(self) -> None:
+        self.stop = threading.Event()
+
+        def poll() -> None:
+            while not self.stop.is_set():
+                try:
+                    urllib.request.urlopen(f"{HEAD}/metrics", timeout=5).read()
+                except OSError:
+                    pass
+                self.stop.wait(0.5)
+
+        self.thread = threading.Thread(target=poll, daemon=True)
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
 def run(args: argparse.Namespace, work: Path) -> list[tuple[str, float, float]]:
     inventory = work / "sim-real.yaml"
     began = time.monotonic()
@@ -95,24 +129,36 @@ def run(args: argparse.Namespace, work: Path) -> list[tuple[str, float, float]]:
     if up.returncode != 0:
         raise SystemExit(f"up failed:\n{up.stdout[-3000:]}{up.stderr[-3000:]}")
     # The warm-up is a short run at the same rate: the first seconds of a rate run on a fresh
-    # server are slower (2026-11-27, a warm-up of two requests only: our first run's TTFT p99
-    # skewed the mean of ours to 621 ms against vLLM's 159, the p50s within 5 %), and vLLM's run
-    # comes after ours, on a server ours had warmed.
+    # server are slower (2026-11-27, a warm-up of two requests only: our first run's TTFT p99 was
+    # 621 ms against vLLM's 159, the p50s within 5 %).
     warm = ours(inventory, args.rate, min(10.0, args.duration), args.max_tokens, args.seed + 1)
     print(f"warm-up at {args.rate:g}/s: TTFT p50 {warm['ttft_ms']['p50']} ms, p99 {warm['ttft_ms']['p99']} ms",
           flush=True)
-    first = ours(inventory, args.rate, args.duration, args.max_tokens, args.seed)
-    prompt_tokens = round(first["avg_prompt_tokens"]) if first.get("avg_prompt_tokens") else None
-    input_len = max(1, (prompt_tokens or 32) - template_tokens())
-    vllm = theirs(inventory, args.rate, first["requests"], input_len, args.max_tokens, args.seed)
-    second = ours(inventory, args.rate, args.duration, args.max_tokens, args.seed)
-    print(f"{first['requests']} requests at {args.rate:g}/s, {args.max_tokens} tokens each, prompts of "
+    # The prompt's length as the server counted it in the warm-up: vLLM's prompts are cut to it.
+    prompt_tokens = round(warm["avg_prompt_tokens"]) if warm.get("avg_prompt_tokens") else 32
+    input_len = max(1, prompt_tokens - template_tokens())
+    mine: dict[str, list[float]] = {label: [] for label, _, _ in FIGURES}
+    vllm: dict[str, list[float]] = {label: [] for label, _, _ in FIGURES}
+    requests = None
+    for round_ in range(args.rounds):
+        for who in ("ours", "vllm") if round_ % 2 == 0 else ("vllm", "ours"):
+            if who == "ours":
+                got = ours(inventory, args.rate, args.duration, args.max_tokens, args.seed)
+                requests = requests or got["requests"]
+                for label, what, p in FIGURES:
+                    mine[label].append(got[f"{what}_ms"][f"p{p}"])
+            else:
+                with polling_metrics():
+                    theirs_now = theirs(inventory, args.rate, requests or len_of_run(args), input_len,
+                                        args.max_tokens, args.seed)
+                for label in vllm:
+                    vllm[label].append(theirs_now[label])
+        print(f"round {round_ + 1}: " + ", ".join(
+            f"{label} {mine[label][-1]:.1f}/{vllm[label][-1]:.1f}" for label, _, _ in FIGURES) + " ms (ours/vLLM's)",
+            flush=True)
+    print(f"{requests} requests a run at {args.rate:g}/s, {args.max_tokens} tokens each, prompts of "
           f"{prompt_tokens} tokens (vLLM's random input {input_len} + the chat template)", flush=True)
-    rows = []
-    for label, what, p in FIGURES:
-        one, two = first[f"{what}_ms"][f"p{p}"], second[f"{what}_ms"][f"p{p}"]
-        print(f"  {label}: ours {one} ms before vLLM's run, {two} ms after; vLLM's {vllm[label]} ms", flush=True)
-        rows.append((label, (one + two) / 2, vllm[label]))
+    rows = [(label, statistics.median(mine[label]), statistics.median(vllm[label])) for label, _, _ in FIGURES]
     spark_cluster("down", str(inventory))
     return rows
 
@@ -120,7 +166,8 @@ def run(args: argparse.Namespace, work: Path) -> list[tuple[str, float, float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=2.0)
-    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tolerance", type=float, default=0.10)
