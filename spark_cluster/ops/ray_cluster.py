@@ -284,9 +284,8 @@ def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
         if head_plan is not None:
             progress(f"starting the Ray head on {head_plan.node} ({head_plan.address})", None)
             _start(inventory, head, head_plan)
-            # Workers need only the head's GCS, which listens seconds before the dashboard (and
-            # so Ray's state API) answers: they start while the head's dashboard comes up.
-            _wait_gcs(inventory, head, head_plan, deadline_s)
+            _wait(inventory, head, lambda s: s.alive(head_plan.address), deadline_s, progress,
+                  fleet, [head_plan])
         workers = [p for p in to_start if not p.is_head]
         if workers:
             progress(f"joining {', '.join(p.node for p in workers)}", None)
@@ -303,21 +302,6 @@ def bring_up(inventory: Inventory, fleet: Fleet, *, restart: bool = False,
     head.run(f"mkdir -p {_dir(inventory)} && printf '%s\\n' {join(json.dumps(wanted))} "
              f"> {_dir(inventory)}/ray.json", timeout=20).check()
     return UpResult(state, False, [p.node for p in to_start], time.monotonic() - started_at)
-
-
-def _wait_gcs(inventory: Inventory, head: Node, head_plan: RayNodePlan, deadline_s: float) -> None:
-    """Until the head's GCS listens on the link; the head's log tail if it does not in time."""
-    port = inventory.cluster.ray_port
-    listening = f"ss -ltnH 'sport = :{port}' 2>/dev/null | grep -q . && echo yes || echo no"
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if head.run(listening, timeout=20).stdout.strip() == "yes":
-            return
-        time.sleep(0.5)
-    tail = _log_tail(inventory, head)
-    raise RayError(f"Ray did not come up:\n  {head_plan.node} ({head_plan.address}): Ray's GCS did not listen on "
-                   f"port {port} within {deadline_s:.0f} s; likely cause: {likely_cause(tail)}\n    last lines of "
-                   "its Ray log:\n" + "\n".join(f"      {line}" for line in tail.strip().splitlines()[-10:]))
 
 
 def _wait(inventory: Inventory, head: Node, done: Callable[[RayState], bool], deadline_s: float,
