@@ -78,7 +78,7 @@ def theirs(inventory: Path, rate: float, prompts: int, input_len: int, max_token
             f"--random-output-len {max_tokens} --random-range-ratio 0 --ignore-eos --num-prompts {prompts} "
             f"--request-rate {rate:g} --seed {seed} --temperature 0 "
             "--percentile-metrics ttft,tpot,itl --metric-percentiles 50,99")
-    done = spark_cluster("exec", str(inventory), "--node", "spark-a", "--", line)
+    done = spark_cluster("exec", str(inventory), "--node", "spark-a", "--timeout", "600", "--", line)
     if done.returncode != 0:
         raise SystemExit(f"vllm bench serve failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     out: dict[str, float] = {}
