@@ -120,38 +120,6 @@ class StreamRead:
     prompt_tokens: int | None
 
 
-class StreamReader:
-    """A streamed chat completion read line by line, each token chunk timed as it is fed."""
-
-    def __init__(self) -> None:
-        self.counted = 0
-        self.usage: object = None
-        self.prompt: object = None
-        self.times: list[float] = []
-
-    def feed(self, line: str, clock: Callable[[], float]) -> bool:
-        """One line of server-sent events; True at `[DONE]`."""
-        if not line.startswith("data: "):
-            return False
-        payload = line[len("data: "):].strip()
-        if payload == "[DONE]":
-            return True
-        chunk = json.loads(payload)
-        if not isinstance(chunk, dict):
-            return False
-        if chunk.get("usage"):
-            self.usage = chunk["usage"].get("completion_tokens")
-            self.prompt = chunk["usage"].get("prompt_tokens")
-        if chunk.get("choices"):
-            self.counted += 1
-            self.times.append(clock())
-        return False
-
-    def result(self) -> StreamRead:
-        return StreamRead(self.usage if isinstance(self.usage, int) else self.counted, tuple(self.times),
-                          self.prompt if isinstance(self.prompt, int) else None)
-
-
 def read_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> StreamRead:
     """Server-sent events -> completion tokens (usage's count, else token chunks), each token
     chunk's arrival time and the prompt's token count.
@@ -159,20 +127,25 @@ def read_stream(lines: Sequence[str] | object, clock: Callable[[], float]) -> St
     A token chunk is any chunk that carries `choices`, as `vllm bench serve` counts: its text may
     be empty (a byte-level token that does not end a UTF-8 character yet, the chat role's first
     chunk) and it is a token event all the same. The usage chunk carries no choices."""
-    reader = StreamReader()
+    counted, usage, prompt = 0, None, None
+    times: list[float] = []
     for line in lines:  # type: ignore[attr-defined]
-        if reader.feed(line, clock):
+        if not line.startswith("data: "):
+            continue
+        payload = line[len("data: "):].strip()
+        if payload == "[DONE]":
             break
-    return reader.result()
-
-
-def _sample(read: StreamRead, sent: float) -> Sample:
-    gaps = tuple(b - a for a, b in zip(read.times, read.times[1:]))
-    if not read.times:
-        return Sample(0, None, time.monotonic() - sent, "the stream carried no chunk with choices (no token came)",
-                      prompt_tokens=read.prompt_tokens, sent_at=sent)
-    return Sample(read.tokens, read.times[0] - sent, time.monotonic() - sent, prompt_tokens=read.prompt_tokens,
-                  gaps=gaps, sent_at=sent, last_s=read.times[-1] - sent)
+        chunk = json.loads(payload)
+        if not isinstance(chunk, dict):
+            continue
+        if chunk.get("usage"):
+            usage = chunk["usage"].get("completion_tokens")
+            prompt = chunk["usage"].get("prompt_tokens")
+        if chunk.get("choices"):
+            counted += 1
+            times.append(clock())
+    return StreamRead(usage if isinstance(usage, int) else counted, tuple(times),
+                      prompt if isinstance(prompt, int) else None)
 
 
 def one_request(client: httpx.Client, url: str, body: dict, headers: dict[str, str]) -> Sample:
@@ -185,25 +158,12 @@ def one_request(client: httpx.Client, url: str, body: dict, headers: dict[str, s
             read = read_stream(response.iter_lines(), time.monotonic)
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         return Sample(0, None, time.monotonic() - sent, f"{type(exc).__name__}: {exc}", sent_at=sent)
-    return _sample(read, sent)
-
-
-async def one_request_async(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str, str]) -> Sample:
-    """one_request on an event loop: many streams read by one thread, as `vllm bench serve`'s
-    client reads them, so no stream waits for a thread to be scheduled before its chunk is timed."""
-    sent = time.monotonic()
-    try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                return Sample(0, None, time.monotonic() - sent, f"HTTP {response.status_code}: {text[:200]}")
-            reader = StreamReader()
-            async for line in response.aiter_lines():
-                if reader.feed(line, time.monotonic):
-                    break
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        return Sample(0, None, time.monotonic() - sent, f"{type(exc).__name__}: {exc}", sent_at=sent)
-    return _sample(reader.result(), sent)
+    gaps = tuple(b - a for a, b in zip(read.times, read.times[1:]))
+    if not read.times:
+        return Sample(0, None, time.monotonic() - sent, "the stream carried no chunk with choices (no token came)",
+                      prompt_tokens=read.prompt_tokens, sent_at=sent)
+    return Sample(read.tokens, read.times[0] - sent, time.monotonic() - sent, prompt_tokens=read.prompt_tokens,
+                  gaps=gaps, sent_at=sent, last_s=read.times[-1] - sent)
 
 
 def chat_body(model: str, prompt: str, max_tokens: int) -> dict:

@@ -3,24 +3,24 @@
 Prompt lengths: one request per length, a prompt of about that many tokens (calibrated on the
 server's own count of a first prompt), decoding a few tokens: TTFT and prefill tok/s (prompt
 tokens over TTFT). Rate: open-loop Poisson arrivals (exponential gaps, seeded) for a duration,
-each request sent at its time whatever the others do, all read on one event loop, as
-`vllm bench serve --request-rate` sends and reads them; TTFT, TPOT and ITL percentiles,
-failures, and vLLM's KV-cache use sampled from /metrics while it runs.
+each request on its own thread whatever the others do, as `vllm bench serve --request-rate`
+sends them; TTFT, TPOT and ITL percentiles, failures, and vLLM's KV-cache use sampled from
+/metrics while it runs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
 
 from spark_cluster.core.bench_stats import summary
-from spark_cluster.ops.bench import CONNECT_TIMEOUT_S, PROMPT, Sample, auth, chat_body, one_request, one_request_async
+from spark_cluster.ops.bench import CONNECT_TIMEOUT_S, PROMPT, Sample, auth, chat_body, one_request
 from spark_cluster.ops.health import parse_metrics
 
 FILLER = ("the cluster serves one model over two nodes joined by a fast link and every node holds "
@@ -149,31 +149,24 @@ def rate_run(endpoint: str, model: str, key: str | None, rate: float, duration_s
     stop = threading.Event()
     sampler = threading.Thread(target=_sample_metrics, args=(endpoint.removesuffix("/v1"), key, stop, usage),
                                daemon=True)
-    sampler.start()
-    try:
-        samples, wall = asyncio.run(_send_all(offsets, url, body, headers, timeout_s, on_sample))
-    finally:
-        stop.set()
-        sampler.join(timeout=10)
-    return RatePoint(rate, duration_s, samples, wall, tuple(usage))
-
-
-async def _send_all(offsets: list[float], url: str, body: dict, headers: dict[str, str], timeout_s: float,
-                    on_sample: Callable[[Sample], None]) -> tuple[tuple[Sample, ...], float]:
-    """Each request sent at its offset from the start, all read on one event loop; the wall time
-    runs to the last one's end."""
     limits = httpx.Limits(max_connections=len(offsets), max_keepalive_connections=len(offsets))
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S), limits=limits) as client:
+    with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S), limits=limits) as client, \
+            ThreadPoolExecutor(max_workers=len(offsets)) as pool:
+        sampler.start()
         started = time.monotonic()
 
-        async def send(at: float) -> Sample:
-            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-            sample = await one_request_async(client, url, body, headers)
+        def send(at: float) -> Sample:
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            sample = one_request(client, url, body, headers)
             on_sample(sample)
             return sample
 
-        samples = tuple(await asyncio.gather(*(send(at) for at in offsets)))
-        return samples, time.monotonic() - started
+        futures = [pool.submit(send, at) for at in offsets]
+        samples = tuple(f.result() for f in futures)
+        wall = time.monotonic() - started
+    stop.set()
+    sampler.join(timeout=10)
+    return RatePoint(rate, duration_s, samples, wall, tuple(usage))
 
 
 __all__ = ["PrefillPoint", "RatePoint", "arrivals", "parse_list", "prompt_sweep", "rate_run"]
