@@ -1,7 +1,8 @@
 """`spark-cluster bench --rate R` against vLLM's own `vllm bench serve --request-rate R` on the same
 server: TTFT, TPOT and ITL at p50 and p99, side by side.
 
-    sudo .venv/bin/python bench/bench_vs_vllm.py [--rate 2] [--duration 30] [--max-tokens 128] [--seed 0]
+    sudo .venv/bin/python bench/bench_vs_vllm.py [--rate 2] [--duration 60] [--rounds 3]
+        [--max-tokens 128] [--seed 0] [--vllm-client controller|node]
 
 Brings a two-node lab up with the real vLLM (its CPU build, TP=2, executor mp), `up`, warms it
 with 10 s of ours at the rate (thrown away), then runs --rounds rounds of ours and vLLM's, the
@@ -10,10 +11,11 @@ number of requests, Poisson arrivals at the same rate, `ignore_eos` with the sam
 and prompts of the same token count (ours: its chat prompt; vLLM's: `--dataset-name random` of
 that length less the chat template's tokens, which its openai-chat backend adds back on the
 server). Ours reads /metrics every 0.5 s for its KV-cache figure; beside vLLM's run a poller does
-the same, so the server carries the same load under both. vLLM's runs on the head node with the
-engine's own Python. Each figure is the median over the rounds. Prints the table and whether
-each figure is within --tolerance (10 %); exit 1 if not. The lab is left down, on error, Ctrl-C
-and `kill` too.
+the same, so the server carries the same load under both. vLLM's runs with the engine's own
+Python from this machine, where ours runs (a copy of the checkpoint's tokenizer here), or with
+--vllm-client node on the head node. Each figure is the median over the rounds. Prints the table
+and whether each figure is within --tolerance (10 %); exit 1 if not. The lab is left down, on
+error, Ctrl-C and `kill` too.
 """
 
 from __future__ import annotations
@@ -71,14 +73,20 @@ def ours(inventory: Path, rate: float, duration: float, max_tokens: int, seed: i
     return json.loads(done.stdout)["rates"][0]
 
 
-def theirs(inventory: Path, rate: float, prompts: int, input_len: int, max_tokens: int, seed: int) -> dict[str, float]:
+def theirs(inventory: Path, rate: float, prompts: int, input_len: int, max_tokens: int, seed: int,
+           tokenizer: Path | None) -> dict[str, float]:
+    """vLLM's client on the head node, or (`tokenizer`: a copy of the checkpoint's here) from this
+    machine, where ours runs."""
     line = (f"HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu {engine.real_python()} -m vllm.entrypoints.cli.main bench serve "
             f"--backend openai-chat --base-url {HEAD} --endpoint /v1/chat/completions --model {MODEL} "
-            f"--tokenizer {SNAPSHOT} --dataset-name random --random-input-len {input_len} "
+            f"--tokenizer {tokenizer or SNAPSHOT} --dataset-name random --random-input-len {input_len} "
             f"--random-output-len {max_tokens} --random-range-ratio 0 --ignore-eos --num-prompts {prompts} "
             f"--request-rate {rate:g} --seed {seed} --temperature 0 "
             "--percentile-metrics ttft,tpot,itl --metric-percentiles 50,99")
-    done = spark_cluster("exec", str(inventory), "--node", "spark-a", "--timeout", "600", "--", line)
+    if tokenizer is None:
+        done = spark_cluster("exec", str(inventory), "--node", "spark-a", "--timeout", "600", "--", line)
+    else:
+        done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"vllm bench serve failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     out: dict[str, float] = {}
@@ -134,6 +142,12 @@ def run(args: argparse.Namespace, work: Path) -> list[tuple[str, float, float]]:
     warm = ours(inventory, args.rate, min(10.0, args.duration), args.max_tokens, args.seed + 1)
     print(f"warm-up at {args.rate:g}/s: TTFT p50 {warm['ttft_ms']['p50']} ms, p99 {warm['ttft_ms']['p99']} ms",
           flush=True)
+    tokenizer = None
+    if args.vllm_client == "controller":
+        from spark_cluster_lab.checkpoint import write_checkpoint
+
+        write_checkpoint(work / "hub")
+        tokenizer = work / "hub" / f"models--{LAB_REPO.replace('/', '--')}" / "snapshots" / REVISION
     # The prompt's length as the server counted it in the warm-up: vLLM's prompts are cut to it.
     prompt_tokens = round(warm["avg_prompt_tokens"]) if warm.get("avg_prompt_tokens") else 32
     input_len = max(1, prompt_tokens - template_tokens())
@@ -150,7 +164,7 @@ def run(args: argparse.Namespace, work: Path) -> list[tuple[str, float, float]]:
             else:
                 with polling_metrics():
                     theirs_now = theirs(inventory, args.rate, requests or len_of_run(args), input_len,
-                                        args.max_tokens, args.seed)
+                                        args.max_tokens, args.seed, tokenizer)
                 for label in vllm:
                     vllm[label].append(theirs_now[label])
         print(f"round {round_ + 1}: " + ", ".join(
@@ -168,6 +182,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--vllm-client", choices=("controller", "node"), default="controller",
+                        help="where vllm bench serve runs: here, as ours does (default), or on the head node")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tolerance", type=float, default=0.10)
