@@ -37,3 +37,10 @@ def test_a_segment_held_open_but_unmapped_is_left(tmp_path: Path) -> None:
     with opened.open("rb"):
         assert free_leaked(LocalNode("spark-a"), str(tmp_path)) == Freed(0, 0)
     assert opened.exists()
+
+
+def test_a_name_with_a_space_is_one_segment(tmp_path: Path) -> None:
+    odd = tmp_path / "psm_a b"  # word splitting would make it two paths, "b" relative to the cwd
+    odd.write_bytes(b"\0" * 4096)
+    assert free_leaked(LocalNode("spark-a"), str(tmp_path)) == Freed(1, 4)
+    assert not odd.exists()

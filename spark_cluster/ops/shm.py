@@ -28,7 +28,9 @@ class Freed:
 def free_command(directory: str = SHM_DIR) -> str:
     """Remove the user's unmapped `psm_*` segments in `directory`; print how many and their KiB."""
     return (
-        f"n=0; k=0; for f in $(find {join(directory)} -maxdepth 1 -type f -name 'psm_*' -user \"$(id -u)\" 2>/dev/null); do "
+        # A glob, not find's output: a name with a space stays one word.
+        f"n=0; k=0; for f in {join(directory)}/psm_*; do "
+        "[ -f \"$f\" ] && [ -O \"$f\" ] || continue; "
         "grep -qsF \"$f\" /proc/[0-9]*/maps && continue; "
         "ls -l /proc/[0-9]*/fd 2>/dev/null | grep -qF \" $f\" && continue; "
         "s=$(du -k \"$f\" | cut -f1); rm -f \"$f\" && n=$((n + 1)) && k=$((k + s)); done; echo \"$n $k\""
