@@ -82,7 +82,8 @@ def _ctrl_c() -> Iterator[threading.Event]:
 @click.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 def down(inventory: str) -> int:
-    """Stop vLLM, Ray and their containers on every node; verify that nothing of them is left."""
+    """Stop vLLM, Ray and their containers on every node; verify that nothing of them is left;
+    free the shared memory a killed vLLM rank left."""
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
