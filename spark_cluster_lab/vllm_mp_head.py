@@ -164,12 +164,7 @@ class MpExecutor:
                         if init:  # the rank's WorkerProc died: its node's log has the traceback
                             self._died_line(int(msg.get("rank", r.ranks[0])))
                             raise vl.EngineFailed(_init_failed())
-                        # The same collective fails on this node's ranks too, and each logs its
-                        # exception in its own process whatever the executor does: on a loaded
-                        # machine the remote's word may simply come first.
-                        end = time.monotonic() + 5.0
-                        while not (self.ranks.errors or self.ranks.done()) and time.monotonic() < end:
-                            time.sleep(0.05)
+                        self.ranks.settle()  # the remote's word may come before our ranks' own
                         raise vl.EngineFailed(_worker_failed(msg.get("error", "")))
             if not self.remotes:
                 time.sleep(0.05)

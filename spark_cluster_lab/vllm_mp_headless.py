@@ -97,11 +97,8 @@ def _serve_head(args: argparse.Namespace, channel: Channel, ranks: LocalRanks, m
                 if ok:
                     vl.log("INFO", f"{WHERE_MP}:745", f"The head node at {head} stopped the engine.")
                 else:
-                    # A collective that failed on the head fails on this node's ranks too, each
-                    # saying so: a loaded machine may run the head's first, not skip this node's.
-                    end = time.monotonic() + 5.0
-                    while method is not None and not (ranks.errors or ranks.done()) and time.monotonic() < end:
-                        time.sleep(0.05)
+                    if method is not None:  # the head's failure may come before our ranks' own
+                        ranks.settle()
                     vl.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} shut the engine down after "
                             "a failure.")
                 ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")
