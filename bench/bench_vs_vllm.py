@@ -99,28 +99,14 @@ def theirs(inventory: Path, rate: float, prompts: int, input_len: int, max_token
     return out
 
 
-def len_of_run(args: argparse.Namespace) -> int:
-    """How many requests ours sends in a run: its Poisson arrivals within the duration, same seed."""
-    from spark_cluster.ops.bench_sweeps import arrivals
-
-    return len(arrivals(args.rate, args.duration, args.seed))
-
-
 class polling_metrics:  # noqa: N801 - a context manager, named for what it does
-    """GET /metrics every 0.5 s, as `spark-cluster bench` does during its run for the KV-cache figure."""
+    """The poller `spark-cluster bench --rate` runs during its own run (its KV-cache figure)."""
 
     def __enter__(self) -> None:
+        from spark_cluster.ops.bench_sweeps import sample_metrics
+
         self.stop = threading.Event()
-
-        def poll() -> None:
-            while not self.stop.is_set():
-                try:
-                    urllib.request.urlopen(f"{HEAD}/metrics", timeout=5).read()
-                except OSError:
-                    pass
-                self.stop.wait(0.5)
-
-        self.thread = threading.Thread(target=poll, daemon=True)
+        self.thread = threading.Thread(target=sample_metrics, args=(HEAD, None, self.stop, []), daemon=True)
         self.thread.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -153,7 +139,7 @@ def run(args: argparse.Namespace, work: Path) -> list[tuple[str, float, float]]:
     input_len = max(1, prompt_tokens - template_tokens())
     mine: dict[str, list[float]] = {label: [] for label, _, _ in FIGURES}
     vllm: dict[str, list[float]] = {label: [] for label, _, _ in FIGURES}
-    requests = None
+    requests = 0  # ours runs first: vLLM's runs send as many as its first run did
     for round_ in range(args.rounds):
         for who in ("ours", "vllm") if round_ % 2 == 0 else ("vllm", "ours"):
             if who == "ours":
@@ -163,8 +149,8 @@ def run(args: argparse.Namespace, work: Path) -> list[tuple[str, float, float]]:
                     mine[label].append(got[f"{what}_ms"][f"p{p}"])
             else:
                 with polling_metrics():
-                    theirs_now = theirs(inventory, args.rate, requests or len_of_run(args), input_len,
-                                        args.max_tokens, args.seed, tokenizer)
+                    theirs_now = theirs(inventory, args.rate, requests, input_len, args.max_tokens, args.seed,
+                                        tokenizer)
                 for label in vllm:
                     vllm[label].append(theirs_now[label])
         print(f"round {round_ + 1}: " + ", ".join(
