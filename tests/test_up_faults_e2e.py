@@ -152,14 +152,19 @@ def ended(up: Up, event: str, node: str, stage: str, timeout_s: float = 150) -> 
     return last, err
 
 
-def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
-    """`down` finds and stops what is left (it exits 0 only when nothing of the cluster remains);
-    after `lab heal` a fresh `up` reaches ready, and `down` again."""
+def downed_and_healed(used: Path, *heal: str) -> None:
+    """`down` finds and stops what is left (it exits 0 only when nothing of the cluster remains),
+    `status` says nothing started, and `lab heal` undoes the fault on these nodes."""
     down = cli("down", str(used))
     assert down.returncode == 0, down.stdout + down.stderr
     assert json.loads(cli("status", str(used), "--json").stdout)["vllm"]["started"] is False
     for node in heal:
         assert cli("lab", "heal", node).returncode == 0
+
+
+def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
+    """downed_and_healed, then a fresh `up` reaches ready, and `down` again."""
+    downed_and_healed(used, *heal)
     # The same inventory, its emulated load back at the lab's speed: the slow load was there
     # to strike in; nothing runs now, so there is no earlier launch to compare it with.
     text = used.read_text()
@@ -174,15 +179,10 @@ def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
 
 
 def healed_and_clean(used: Path, *heal: str) -> None:
-    """`down` finds and stops what is left (it exits 0 only when nothing of the cluster remains),
-    `status` says nothing started, and after `lab heal` `check` passes: the next `up` (the next
-    test's) starts from nodes as the fault found them. A full `up` after each fault costs 40 s and
-    shows nothing new where the fault left no process behind; healed_up_serves does it where one did."""
-    down = cli("down", str(used))
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert json.loads(cli("status", str(used), "--json").stdout)["vllm"]["started"] is False
-    for node in heal:
-        assert cli("lab", "heal", node).returncode == 0
+    """downed_and_healed, then `check` passes: the next `up` (the next test's) starts from nodes as
+    the fault found them. A full `up` after each fault costs 40 s and shows nothing new where the
+    fault left no process behind; healed_up_serves does it where one did."""
+    downed_and_healed(used, *heal)
     deadline = time.monotonic() + REBOOT_S + 60  # a node the fault rebooted comes back first
     while (checked := cli("check", str(used), "--json")).returncode != 0 and time.monotonic() < deadline:
         time.sleep(2)
