@@ -49,8 +49,8 @@ def _images_back(lab) -> None:  # noqa: ANN001 - a spark_cluster_lab.lab.Lab
     from spark_cluster_lab.state import VLLM_IMAGE
 
     nodes = [LiveNode(node) for node in lab.nodes]
-    kept = next((n.state()["docker"]["images"][VLLM_IMAGE] for n in nodes
-                 if VLLM_IMAGE in n.state()["docker"]["images"]), None)
+    images = [n.state()["docker"]["images"] for n in nodes]
+    kept = next((found[VLLM_IMAGE] for found in images if VLLM_IMAGE in found), None)
     assert kept is not None, f"no node of the lab has {VLLM_IMAGE} any more"
     for node in nodes:
         with node.locked() as state:
