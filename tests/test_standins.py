@@ -558,11 +558,13 @@ def test_docker_run_logs_and_rm_on_exit(node: Node) -> None:
 
 
 def test_reboot_stops_containers(node: Node) -> None:
-    node.out("docker", "run", "-d", "--name", "keeper", VLLM_IMAGE, "sleep", "27.1828")
+    # Its own sleep: pgrep sees the whole machine, and the lifecycle test's attached exec sleeps
+    # 27.1828 (the two failed together when the shuffle ran one after the other).
+    node.out("docker", "run", "-d", "--name", "keeper", VLLM_IMAGE, "sleep", "16.1803")
     node.out("reboot")
     assert "Exited (255)" in node.out("docker", "ps", "-a")
     deadline = time.monotonic() + 5
-    while subprocess.run(["pgrep", "-f", "sleep 27.1828"], capture_output=True).returncode == 0:
+    while subprocess.run(["pgrep", "-f", "sleep 16.1803"], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, "the container's process outlived the reboot"
         time.sleep(0.05)
     node.out("docker", "rm", "keeper")
