@@ -12,7 +12,8 @@ fi
 
 packages=(openssh-server openssh-client iproute2 iputils-ping procps psmisc util-linux sudo rsync
           prometheus systemd  # promtool and a real Prometheus for deploy/; systemd-analyze for `service`
-          docker.io tar)  # each lab node's Docker engine, and what the lab's image is built from
+          docker.io tar  # each lab node's Docker engine, and what the lab's image is built from
+          netplan.io)  # the fresh lab's nodes run netplan's own generator (`lab up --fresh`, `init`)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv python3-pip)
 missing=()
 for p in "${packages[@]}"; do

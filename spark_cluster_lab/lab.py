@@ -31,6 +31,7 @@ from spark_cluster_lab.consumers import pid_namespace
 from spark_cluster_lab.lab_inventory import write_inventory
 from spark_cluster_lab.layout import LAB_ROOT, NodePaths
 from spark_cluster_lab.login_user import LOGIN_USER, SUDO_PASSWORD_FILE, LoginIds, free_ids, password_hash
+from spark_cluster_lab.node_fresh import fresh_rails, make_fresh, require_netplan
 from spark_cluster_lab.node_init import DEFAULT_REBOOT_S, REBOOT_SECONDS
 from spark_cluster_lab.node_python import write_python
 from spark_cluster_lab.node_setup import CACHE_SIZE, INFINIBAND, SSHD, keygen, prepare_node, start_sshd
@@ -56,6 +57,7 @@ class LabNode:
     address: str
     sshd_pid: int  # PID 1 of the node's PID namespace (its init), as this machine numbers it
     launcher_pid: int  # `unshare`, our child: collected when the node stops
+    fresh: bool = False  # `lab up --fresh`: as a Spark before `init` (node_fresh.py)
 
     @property
     def namespace(self) -> str:
@@ -162,23 +164,33 @@ def _port_open(address: str, port: int = 22) -> bool:
 
 def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_ROOT,
        timeout_s: float = 15.0, engine: str = "emulator",
-       cache_size: str = CACHE_SIZE, reboot_s: float | None = None,
+       cache_size: str = CACHE_SIZE, reboot_s: float | None = None, fresh: bool = False,
        say: Callable[[str], None] = lambda line: None) -> tuple[Lab, bool]:
     """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept
     (with `reboot_s`, the seconds its nodes stay down in a reboot, changed when given), its
     images brought up to the lab's code.
 
     Both engines are on every node of any lab; `engine` picks the one the inventory names, and
-    is refused here, before anything starts, where it cannot run. `say` hears the long steps."""
+    is refused here, before anything starts, where it cannot run. `fresh`: nodes as a Spark is
+    before `spark-cluster init` (node_fresh.py), and no inventory: init writes it. `say` hears
+    the long steps."""
     require_root()
     _require_tools()
     engines.require(engine)
+    if fresh:
+        require_netplan()
+        if inventory_out is not None:
+            raise LabError("a fresh lab has no inventory yet: `spark-cluster init` writes it "
+                           "(drop --inventory-out)")
     if not 1 <= count <= 26:
         raise LabError(f"--nodes must be between 1 and 26, not {count}")
     if not re.fullmatch(r"[1-9][0-9]{0,5}[mMgG]", cache_size):
         raise LabError(f"--cache-size {cache_size!r}: give a size like 1g or 3072m")
     existing = load_lab(lab_root)
     if existing is not None:
+        if any(n.fresh != fresh for n in existing.nodes):
+            raise LabError(f"a {'fresh' if existing.nodes[0].fresh else 'set-up'} lab is already up; "
+                           "run `spark-cluster lab down` first")
         if len(existing.nodes) == count and all(pid_alive(n.sshd_pid) for n in existing.nodes):
             if reboot_s is not None:
                 set_reboot_seconds(existing, reboot_s)
@@ -213,12 +225,16 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
             all_paths.append(prepare_node(name, i, lab_root, ids, hashed,
                                            DEFAULT_REBOOT_S if reboot_s is None else reboot_s,
                                            docker_root=image_store.prepare_node_store(name, seed)))
+            if fresh:
+                make_fresh(all_paths[-1], lab_root)
             netns.create_node(name, i)
         netns.cable(names)
+        if fresh:
+            fresh_rails(names)
         nodes = []
         for i, (name, paths) in enumerate(zip(names, all_paths)):
             launcher, sshd = start_sshd(name, paths, cache_size)
-            nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), sshd, launcher))
+            nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), sshd, launcher, fresh))
         lab = Lab(lab_root, tuple(nodes))
         _save_lab(lab)
         for node in nodes:
@@ -249,6 +265,11 @@ def _seed(say: Callable[[str], None]) -> image_store.Seed:
     if seed.built_s is not None:
         say(f"  built {seed.tag} in {seed.built_s:.0f} s")
     return seed
+
+
+def node_images(lab: Lab, timeout_s: float = 30.0) -> None:
+    """The lab's images on every node's engine again (one a test removed is loaded back)."""
+    _node_images(lab, _seed(lambda line: None), timeout_s)
 
 
 def _node_images(lab: Lab, seed: image_store.Seed, timeout_s: float) -> None:

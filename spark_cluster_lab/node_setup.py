@@ -38,7 +38,7 @@ def keygen(path: Path, comment: str) -> None:
     )
 
 
-def _sshd_config(paths: NodePaths, lab_root: Path) -> str:
+def sshd_config(paths: NodePaths, lab_root: Path) -> str:
     return "\n".join(
         [
             "Port 22",
@@ -190,6 +190,13 @@ def _boot_script(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> s
             "mount -t overlay spark-lab-etc -o "
             + q(f"lowerdir=/etc,upperdir={paths.etc_upper},workdir={paths.etc_work}") + " /etc",
             f"mount --bind {q(str(paths.tmp))} /tmp",
+            # A fresh node's own /etc/netplan (node_fresh.py), never this machine's files.
+            *([f"mkdir -p /etc/netplan && mount --bind {q(str(paths.root / 'netplan'))} /etc/netplan"]
+              if (paths.root / "netplan").is_dir() else []),
+            # The node's own state of spark-cluster (init's journals), never this machine's or
+            # another node's: a journal's name is the run's, the same on every node.
+            f"mkdir -p {q(str(paths.root / 'var-lib-spark-cluster'))} /var/lib/spark-cluster",
+            f"mount --bind {q(str(paths.root / 'var-lib-spark-cluster'))} /var/lib/spark-cluster",
             *_private_mounts(paths),
             *(f"mkdir -p {q(str(src))} && mount --bind {q(str(view))} {q(str(src))}"
               for src, view in keep),
@@ -248,7 +255,7 @@ def prepare_node(name: str, index: int, lab_root: Path, ids: LoginIds | None = N
     write_etc(state, paths)
     write_wrappers(paths, sys.executable)
     keygen(paths.ssh / "ssh_host_ed25519_key", f"root@{name}")
-    (paths.ssh / "sshd_config").write_text(_sshd_config(paths, lab_root))
+    (paths.ssh / "sshd_config").write_text(sshd_config(paths, lab_root))
     _prepare_boot(paths, reboot_s)
     if docker_root is not None:
         dockerd.write_service(paths.root, name, docker_root)

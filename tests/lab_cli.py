@@ -27,3 +27,15 @@ def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> 
 def on_node(inventory: Path, node: str, command: str) -> subprocess.CompletedProcess[str]:
     """One shell line on one node, through `spark-cluster exec`."""
     return cli("exec", str(inventory), "--node", node, "--", command, timeout=60)
+
+
+def chosen_state(node: str) -> dict:
+    """A lab node's state as what was done to it decides it: less the memory its own processes
+    hold, which its init measures and writes as they grow (a hog still filling its pages)."""
+    import json
+
+    from spark_cluster_lab.layout import NodePaths
+
+    state = json.loads(NodePaths.for_node(node).state.read_text())
+    state.get("memory", {}).pop("processes_kib", None)
+    return state

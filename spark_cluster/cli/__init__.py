@@ -19,6 +19,7 @@ from spark_cluster.cli import (
     diagnose,
     fit,
     guard,
+    init,
     link,
     nodes,
     observe,
@@ -39,7 +40,7 @@ def cli(debug: bool) -> None:
     """Turn DGX Sparks joined by their QSFP link into one vLLM server."""
 
 
-for command in (nodes.validate, nodes.exec_, preflight.check, preflight.fix, link.linktest, link.sync,
+for command in (init.init, nodes.validate, nodes.exec_, preflight.check, preflight.fix, link.linktest, link.sync,
                 serve.up, serve.down, serve.logs, observe.status, observe.watch, observe.bench,
                 diagnose.diagnose, guard.guard, supervise.supervise, service.service, fit.fit):
     cli.add_command(command)

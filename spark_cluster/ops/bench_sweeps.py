@@ -126,7 +126,8 @@ def arrivals(rate: float, duration_s: float, seed: int = 0) -> list[float]:
         out.append(t)
 
 
-def _sample_metrics(base: str, key: str | None, stop: threading.Event, into: list[float]) -> None:
+def sample_metrics(base: str, key: str | None, stop: threading.Event, into: list[float]) -> None:
+    """vLLM's KV-cache use from /metrics every METRICS_EVERY_S into `into`, until `stop`."""
     with httpx.Client(timeout=5.0) as client:
         while not stop.is_set():
             try:
@@ -147,7 +148,7 @@ def rate_run(endpoint: str, model: str, key: str | None, rate: float, duration_s
     body, headers, url = chat_body(model, prompt, max_tokens), auth(key), f"{endpoint}/chat/completions"
     usage: list[float] = []
     stop = threading.Event()
-    sampler = threading.Thread(target=_sample_metrics, args=(endpoint.removesuffix("/v1"), key, stop, usage),
+    sampler = threading.Thread(target=sample_metrics, args=(endpoint.removesuffix("/v1"), key, stop, usage),
                                daemon=True)
     limits = httpx.Limits(max_connections=len(offsets), max_keepalive_connections=len(offsets))
     with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S), limits=limits) as client, \

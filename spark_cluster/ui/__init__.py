@@ -7,6 +7,7 @@ from __future__ import annotations
 from spark_cluster.ui.bench_view import bench_level, bench_table
 from spark_cluster.ui.check_view import check_report, finding_lines, fix_plan, fix_results
 from spark_cluster.ui.consoles import CONSOLES, error, warn
+from spark_cluster.ui.init_view import init_line, init_plan
 from spark_cluster.ui.jsonout import JsonLines
 from spark_cluster.ui.link_view import SyncView, linktest_event, linktest_report
 from spark_cluster.ui.nodes_view import exec_results, inventory_summary
@@ -17,7 +18,8 @@ from spark_cluster.ui.watch_view import Dashboard, summary_line
 
 __all__ = [
     "CONSOLES", "Dashboard", "JsonLines", "SyncView", "Waiting", "bench_level", "bench_table", "check_report",
-    "error", "exec_results", "finding_lines", "fix_plan", "fix_results", "forward_hint", "inventory_summary",
+    "error", "exec_results", "finding_lines", "fix_plan", "fix_results", "forward_hint", "init_line", "init_plan",
+    "inventory_summary",
     "linktest_event", "linktest_report", "log_text", "plan_notes", "ray_summary", "ready_summary", "status_view",
     "summary_line", "vllm_status", "warn",
 ]

@@ -3,9 +3,10 @@ concern, all of them in FAULTS, checked at import.
 
     driver.py   kernel-update, driver-mismatch, module-unloaded, proprietary-modules,
                 run-kernel-update, auto-upgrade, nvidia-smi-hung
-    link.py     crossed-rails, cable-other-port, link-down, mtu
+    link.py     crossed-rails, cable-other-port, rail-no-carrier, link-down, mtu
+    netplan.py  netplan-blip, netplan-other-tool
     memory.py   memory-hog, disk-full, memory-leak-after-stop
-    system.py   clock-skew, sudo-password, docker-group, node-reboot
+    system.py   clock-skew, sudo-password, docker-group, node-reboot, password-changed
     updates.py  unsafe-kernel-pending, driver-upgrade-pending, bad-kernel-pending
     engine.py   engine-hang
 
@@ -17,7 +18,7 @@ The stand-ins import this package to prune what a repair ended: keep its imports
 
 from __future__ import annotations
 
-from spark_cluster_lab.faults import driver, engine, link, memory, system, updates
+from spark_cluster_lab.faults import driver, engine, link, memory, netplan, system, updates
 from spark_cluster_lab.faults.base import Fault, check, record
 from spark_cluster_lab.faults.memory import MEMORY_HOG
 from spark_cluster_lab.faults.updates import offer_kernel
@@ -27,7 +28,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typ
 if TYPE_CHECKING:
     from typing import Any
 
-_CONCERNS = (driver, link, memory, system, updates, engine)
+_CONCERNS = (driver, link, netplan, memory, system, updates, engine)
 FAULTS: dict[str, Fault] = {f.name: f for module in _CONCERNS for f in module.FAULTS}
 
 

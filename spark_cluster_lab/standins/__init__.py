@@ -37,6 +37,7 @@ _ENTRY: dict[str, tuple[str, str]] = {
     "grub-editenv": ("grub", "grub_editenv"),
     "grub-set-default": ("grub", "grub_set_default"),
     "update-grub": ("grub", "update_grub"),
+    "netplan": ("netplan", "netplan"),  # a fresh lab's nodes only (node_fresh.py)
 }
 
 
