@@ -65,6 +65,7 @@ def local_pid(state: dict[str, Any], c: dict[str, Any]) -> int | None:
         return pid
     if here is None or here != state.get("identity", {}).get("pidns"):
         return None
+    hidden = False
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -73,11 +74,16 @@ def local_pid(state: dict[str, Any], c: dict[str, Any]) -> int | None:
                 continue
             with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as f:
                 nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except PermissionError:
+            hidden = True  # another user's process (a container's root): its namespace is not ours to read
+            continue
         except OSError:
             continue
         if nspid and nspid[-1] == str(pid):
             return int(entry.name)
-    return 0  # judged here, and gone: no process of that namespace has that pid any more
+    # Gone only where every process was looked at: the login user cannot see into root's, and
+    # the driver would not forget a process for that.
+    return None if hidden else 0
 
 
 def gone_consumers(state: dict[str, Any]) -> list[str]:

@@ -82,9 +82,19 @@ def _installed() -> dict[str, dict[str, str]]:
     return found
 
 
-def package_closure(roots: Iterable[str] = BASE_PACKAGES) -> list[dict[str, str]]:
-    """The installed packages `roots` need (Depends, Pre-Depends), each once, by name."""
+# The shared libraries the real vLLM CPU build's extensions link (ldd of every .so in its
+# environment): vllm._C fails to import without libnuma, and vLLM then dies at its first op.
+REAL_ENGINE_PACKAGES = ("libnuma1", "libgomp1", "libelf1")
+
+
+def package_closure(roots: Iterable[str] | None = None) -> list[dict[str, str]]:
+    """The installed packages `roots` need (Depends, Pre-Depends), each once, by name; by default
+    the base userland, and with the real engine installed the libraries it links that this
+    machine has (it runs here with them)."""
     installed = _installed()
+    if roots is None:
+        roots = [*BASE_PACKAGES, *(p for p in REAL_ENGINE_PACKAGES
+                                   if engines.real_missing() is None and p in installed)]
     missing = [r for r in roots if r not in installed]
     if missing:
         raise LabError("the lab's container image is built from this machine's Debian packages; missing: "

@@ -131,8 +131,9 @@ def _secrets_shown(inventory: Path, node: str) -> list[str]:
     node that hold the HF token, the API key or Ray's token."""
     found = on_node(inventory, node,
                     f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; k={KEY_HEAD}; k="$k"{KEY_TAIL}; r=$(cat {RAY_TOKEN}); '
-                    'ids=$(docker ps -aq); [ -n "$ids" ] || echo "no container"; '
-                    '{ docker inspect $ids; docker ps -a --no-trunc; } | grep -F -e "$t" -e "$k" -e "$r"; echo end')
+                    'ids=$(docker ps -aq); if [ -z "$ids" ]; then echo "no container"; '
+                    'else { docker inspect $ids; docker ps -a --no-trunc; } 2>&1 | grep -F -e "$t" -e "$k" -e "$r"; fi; '
+                    'echo end')
     assert found.returncode == 0, found.stdout + found.stderr
     return found.stdout.splitlines()[1:-1]
 

@@ -232,6 +232,28 @@ def test_prune_forgets_only_repaired_state_faults() -> None:
     assert state["faults"] == ["link-down"]
 
 
+def test_a_container_process_the_caller_may_not_look_into_is_not_judged_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-smi run by the login user cannot read root's /proc/PID/ns: a rank in a container of
+    root's (Ray's, inside NVIDIA's image) is then not judged ended, so its memory is not freed."""
+    from spark_cluster_lab import consumers
+
+    state = {"identity": {"pidns": consumers.pid_namespace()}}
+    recorded = {"pid": 4242, "pidns": "pid:[1]"}  # a namespace no process is in
+    real = os.readlink
+
+    def looked_at(path: str, allowed: bool = True) -> str:
+        if path.startswith("/proc/") and path.endswith("/ns/pid") and not path.startswith("/proc/self/"):
+            if not allowed:
+                raise PermissionError(13, "Permission denied", path)
+            return "pid:[2]"
+        return real(path)
+
+    monkeypatch.setattr(consumers.os, "readlink", looked_at)
+    assert consumers.local_pid(state, recorded) == 0  # every process looked at: gone
+    monkeypatch.setattr(consumers.os, "readlink", lambda path: looked_at(path, allowed=False))
+    assert consumers.local_pid(state, recorded) is None
+
+
 def test_consumers_of_ended_processes_are_gone_and_only_pruning_forgets_them(paths: NodePaths) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     recycled = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
