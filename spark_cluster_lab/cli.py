@@ -64,7 +64,7 @@ def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str,
 
     started = time.monotonic()
     lab_, created = simlab.up(count, inventory_out, engine=engine, cache_size=cache_size,
-                              reboot_s=reboot_seconds, fresh=fresh)
+                              reboot_s=reboot_seconds, say=ui.CONSOLES.out.print, fresh=fresh)
     verb = "up" if created else "already up"
     ui.CONSOLES.out.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:
@@ -137,15 +137,21 @@ def lab_faults() -> int:
 
 
 @lab.command("down")
-def lab_down() -> int:
-    """Stop every lab process and remove its namespaces, links and files."""
+@click.option("--purge", is_flag=True,
+              help="Also remove the nodes' image cache (the Docker data roots kept for the next lab).")
+def lab_down(purge: bool) -> int:
+    """Stop every lab process and remove its namespaces, links, containers and files."""
     need_lab_extra()
+    from spark_cluster_lab import image_store
     from spark_cluster_lab import lab as simlab
 
-    problems = simlab.down()
+    problems = simlab.down(purge=purge)
     if problems:
         raise SparkClusterError("lab down left things behind:\n  " + "\n  ".join(problems))
-    ui.CONSOLES.out.print("lab down: no namespace, process, link or file of the lab is left")
+    ui.CONSOLES.out.print("lab down: no namespace, process, container, link or file of the lab is left")
+    if not purge and image_store.DOCKER_ROOT.exists():
+        ui.CONSOLES.out.print(f"  the nodes' images stay in {image_store.DOCKER_ROOT} for the next lab "
+                              "(lab down --purge removes them)")
     return 0
 
 

@@ -12,8 +12,9 @@ from spark_cluster_lab.layout import NodePaths
 
 TOOLS: tuple[str, ...] = (
     "nvidia-smi", "uname", "lsmod", "modinfo", "modprobe", "rmmod", "dpkg-query", "dpkg",
-    "apt-get", "apt", "ibdev2netdev", "docker", "date", "reboot", "journalctl", "dmesg", "rdma",
-    "apt-mark", "apt-cache", "grub-editenv", "grub-set-default", "update-grub",
+    "apt-get", "apt", "ibdev2netdev", "date", "reboot", "journalctl", "dmesg", "rdma",
+    "apt-mark", "apt-cache", "grub-editenv", "grub-set-default", "update-grub", "nvidia-container-runtime-hook",
+    "runc",
 )
 
 _WRAPPER = """#!{python} -IS

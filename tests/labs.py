@@ -43,18 +43,11 @@ def nodes_wanted(item: pytest.Item) -> int:
 
 
 def _images_back(lab) -> None:  # noqa: ANN001 - a spark_cluster_lab.lab.Lab
-    """The lab's vLLM image on every node again, as `lab up` left it: a test may `docker rmi` it
-    (the lab has no registry to pull it back from), and the next module's container runs need it."""
-    from spark_cluster_lab.faults.live import LiveNode
-    from spark_cluster_lab.state import VLLM_IMAGE
+    """The lab's images on every node's engine again, as `lab up` left them: a test may `docker rmi`
+    one (the lab has no registry to pull it back from), and the next module's container runs need it."""
+    from spark_cluster_lab import lab as simlab
 
-    nodes = [LiveNode(node) for node in lab.nodes]
-    images = [n.state()["docker"]["images"] for n in nodes]
-    kept = next((found[VLLM_IMAGE] for found in images if VLLM_IMAGE in found), None)
-    assert kept is not None, f"no node of the lab has {VLLM_IMAGE} any more"
-    for node in nodes:
-        with node.locked() as state:
-            state["docker"]["images"].setdefault(VLLM_IMAGE, dict(kept))
+    simlab.node_images(lab)
 
 
 def lab_order(item: pytest.Item) -> tuple[int, bool]:

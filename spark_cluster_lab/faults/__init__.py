@@ -69,15 +69,14 @@ def prune_faults(state: dict[str, Any]) -> None:
 
 
 def heal(state: dict[str, Any]) -> dict[str, Any]:
-    """Back to healthy in place, keeping the node's identity, its images and containers and any
-    memory consumer a fault did not put there (a running vLLM's weights)."""
+    """Back to healthy in place, keeping the node's identity and any memory consumer a fault did
+    not put there (a running vLLM's weights)."""
     identity = state["identity"]
     fresh = healthy_state(identity["hostname"], identity["index"])
     fresh["identity"] = identity
     for key in ("uuid", "vbios"):
         fresh["gpu"][key] = state["gpu"][key]
     fresh["net"] = state["net"]
-    fresh["docker"] = state["docker"]
     fresh["memory"]["consumers"] = {n: c for n, c in state["memory"]["consumers"].items() if not c.get("fault")}
     state.clear()
     state.update(fresh)
