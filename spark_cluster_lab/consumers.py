@@ -70,19 +70,21 @@ def local_pid(state: dict[str, Any], c: dict[str, Any]) -> int | None:
         if not entry.name.isdigit():
             continue
         try:
-            if os.readlink(f"/proc/{entry.name}/ns/pid") != ns:
-                continue
             with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as f:
                 nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
-        except PermissionError:
-            hidden = True  # another user's process (a container's root): its namespace is not ours to read
-            continue
         except OSError:
             continue
-        if nspid and nspid[-1] == str(pid):
-            return int(entry.name)
-    # Gone only where every process was looked at: the login user cannot see into root's, and
-    # the driver would not forget a process for that.
+        if len(nspid) < 2 or nspid[-1] != str(pid):
+            continue  # not in a namespace below this one, or another number there
+        try:
+            if os.readlink(f"/proc/{entry.name}/ns/pid") == ns:
+                return int(entry.name)
+        except PermissionError:
+            hidden = True  # root's, in a container (Ray's in NVIDIA's image): not the login user's to read
+        except OSError:
+            continue
+    # Gone only where every process that could be it was looked at: the driver does not forget
+    # a process because the one asking may not look into it.
     return None if hidden else 0
 
 

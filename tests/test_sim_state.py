@@ -234,24 +234,46 @@ def test_prune_forgets_only_repaired_state_faults() -> None:
 
 def test_a_container_process_the_caller_may_not_look_into_is_not_judged_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     """nvidia-smi run by the login user cannot read root's /proc/PID/ns: a rank in a container of
-    root's (Ray's, inside NVIDIA's image) is then not judged ended, so its memory is not freed."""
+    root's (Ray's, inside NVIDIA's image) is then not judged ended, so its memory is not freed;
+    where it can read it, the process is found under its number here, and judged gone once ended."""
+    import shutil
+
     from spark_cluster_lab import consumers
 
-    state = {"identity": {"pidns": consumers.pid_namespace()}}
-    recorded = {"pid": 4242, "pidns": "pid:[1]"}  # a namespace no process is in
-    real = os.readlink
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare (a PID namespace)")
+    # PID 1 in there is sh, the stand-in rank PID 2, as a container's second process.
+    box = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", "sleep 60 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            shells = Path(f"/proc/{box.pid}/task/{box.pid}/children").read_text().split()
+            ranks = Path(f"/proc/{shells[0]}/task/{shells[0]}/children").read_text().split() if shells else []
+            if ranks:
+                break
+            assert time.monotonic() < deadline, "the namespace's process did not start"
+            time.sleep(0.05)
+        rank = int(ranks[0])
+        state = {"identity": {"pidns": consumers.pid_namespace()}}
+        recorded = {"pid": 2, "pidns": consumers.pid_namespace(rank)}
+        assert consumers.local_pid(state, recorded) == rank
+        real = os.readlink
 
-    def looked_at(path: str, allowed: bool = True) -> str:
-        if path.startswith("/proc/") and path.endswith("/ns/pid") and not path.startswith("/proc/self/"):
-            if not allowed:
+        def denied(path: str) -> str:
+            if path == f"/proc/{rank}/ns/pid":
                 raise PermissionError(13, "Permission denied", path)
-            return "pid:[2]"
-        return real(path)
+            return real(path)
 
-    monkeypatch.setattr(consumers.os, "readlink", looked_at)
-    assert consumers.local_pid(state, recorded) == 0  # every process looked at: gone
-    monkeypatch.setattr(consumers.os, "readlink", lambda path: looked_at(path, allowed=False))
-    assert consumers.local_pid(state, recorded) is None
+        monkeypatch.setattr(consumers.os, "readlink", denied)
+        assert consumers.local_pid(state, recorded) is None
+        monkeypatch.undo()
+        os.kill(rank, signal.SIGKILL)
+        while consumers.local_pid(state, recorded) != 0:
+            assert time.monotonic() < deadline + 10, "an ended process was still found"
+            time.sleep(0.05)
+    finally:
+        box.kill()
+        box.wait()
 
 
 def test_consumers_of_ended_processes_are_gone_and_only_pruning_forgets_them(paths: NodePaths) -> None:
