@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, on_node
+from lab_cli import LAB_MARKS, REPO, Supervise, cli, on_node
 
 from spark_cluster_lab import engine as engines
 from spark_cluster_lab import image_store
@@ -89,43 +85,6 @@ def test_every_node_runs_a_docker_engine_of_its_own_and_the_machine_is_untouched
     assert _root_network_untouched() == []
 
 
-class Supervise:
-    """`spark-cluster supervise --json` in the background, its events read as they come."""
-
-    def __init__(self, inventory: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", "supervise", str(inventory), "--json",
-                                      "--interval", "2"], cwd=REPO, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **env})
-        self.events: list[dict] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.events.append(json.loads(line))
-            except json.JSONDecodeError:
-                self.events.append({"event": "unparsed", "line": line})
-
-    def wait_for(self, event: str, timeout: float, after: int = 0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [e for e in self.events[after:] if e.get("event") == event]
-            if found:
-                return found[0]
-            assert self.proc.poll() is None, self.events
-            time.sleep(0.5)
-        raise AssertionError(f"no {event} in {timeout} s: {self.events[after:]}")
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=60)
-        self._reader.join(timeout=10)
-        return code
-
-
 def _secrets_shown(inventory: Path, node: str) -> list[str]:
     """The lines of every container's `docker inspect` and of `docker ps -a --no-trunc` on the
     node that hold the HF token, the API key or Ray's token."""
@@ -147,9 +106,9 @@ def test_the_emulator_with_ray_in_the_container_is_secret_free_supervised_and_re
         "}", f", HF_TOKEN: '{TOKEN_HEAD + TOKEN_TAIL}'}}")).replace(
         "  open_without_key: true\n", "  api_key_env: SPARK_LAB_API_KEY\n"))
     key = {"SPARK_LAB_API_KEY": KEY_HEAD + KEY_TAIL}
-    sup = Supervise(path, key)
+    sup = Supervise(path, "--interval", "2", env=key)
     try:
-        sup.wait_for("serving", 300)
+        sup.wait_for(lambda e: e.get("event") == "serving", 300)
         status = cli("status", str(path), "--json", env=key)
         assert status.returncode == 0 and json.loads(status.stdout)["vllm"]["healthy"] is True, status.stdout
         for node in NODES:
@@ -168,14 +127,14 @@ def test_the_emulator_with_ray_in_the_container_is_secret_free_supervised_and_re
         mark = len(sup.events)
         killed = on_node(path, "spark-a", "docker kill spark-cluster-sim && docker ps -a --format '{{.Status}}'")
         assert killed.returncode == 0 and "Exited (137)" in killed.stdout, killed.stdout
-        restart = sup.wait_for("restart", 120, after=mark)
+        restart = sup.wait_for(lambda e: e.get("event") == "restart", 120, after=mark)
         assert restart["cause"], restart
-        sup.wait_for("serving", 300, after=mark)
+        sup.wait_for(lambda e: e.get("event") == "serving", 300, after=mark)
         assert on_node(path, "spark-a", "docker ps --format '{{.Names}}'").stdout.splitlines()[-1] == "spark-cluster-sim"
         for node in NODES:
             assert _secrets_shown(path, node) == [], node
     finally:
-        code = sup.stop()
+        code = sup.terminate()
     assert code == 0, sup.events
     done = cli("down", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
