@@ -1,7 +1,7 @@
 """`spark-cluster bench --rate R` against vLLM's own `vllm bench serve --request-rate R` on the same
 server: TTFT, TPOT and ITL at p50 and p99, side by side.
 
-    sudo .venv/bin/python bench/bench_vs_vllm.py [--rate 2] [--duration 60] [--rounds 3]
+    sudo .venv/bin/python bench/bench_vs_vllm.py [--rate 2] [--duration 60] [--rounds 5]
         [--max-tokens 128] [--seed 0] [--vllm-client controller|node]
 
 Brings a two-node lab up with the real vLLM (its CPU build, TP=2, executor mp), `up`, warms it
@@ -167,7 +167,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--vllm-client", choices=("controller", "node"), default="controller",
                         help="where vllm bench serve runs: here, as ours does (default), or on the head node")
     parser.add_argument("--max-tokens", type=int, default=128)
