@@ -17,12 +17,15 @@ from spark_cluster.core.inventory.model import (
     Resolve, SSHDefaults, SSHSettings, UnknownNode,
 )
 from spark_cluster.core.inventory.rules import LISTEN_CHOICES, RAY_AUTH_CHOICES
+from spark_cluster.core.inventory.topology import TOPOLOGIES, Hop, directed, hops
 
 __all__ = [
     "LISTEN_CHOICES",
     "RAY_AUTH_CHOICES",
+    "TOPOLOGIES",
     "ClusterSettings",
     "Inventory",
+    "Hop",
     "InventoryError",
     "Link",
     "LinktestSettings",
@@ -35,6 +38,8 @@ __all__ = [
     "SSHDefaults",
     "SSHSettings",
     "UnknownNode",
+    "directed",
+    "hops",
     "load_inventory",
     "parse_inventory",
 ]

@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -23,6 +24,7 @@ from spark_cluster.core.inventory.model import (
     SSHSettings,
 )
 from spark_cluster.core.inventory.nodes import check_nodes, local_path, parse_nodes
+from spark_cluster.core.inventory.topology import TOPOLOGIES, check_topology, default_topology
 from spark_cluster.core.inventory.rules import (
     CLUSTER_NAME,
     ENV_KEY,
@@ -103,12 +105,23 @@ def _parse(c: Checker, data: object, source: Path, resolve: Resolve) -> Inventor
     top = c.fill(data, (), fields, partial=True)
     if top is None:
         return None
-    if top["nodes"]:
-        check_nodes(c, top["nodes"])
+    topology = _topology(c, data, top["nodes"])
     if c.failures or top["cluster"] is None or top["nodes"] is None:
         return None
     nodes = tuple(NodeSpec(**d.fields) for d in top["nodes"])
-    return Inventory(source, top["cluster"], nodes, top["model"])
+    return Inventory(source, replace(top["cluster"], topology=topology), nodes, top["model"])
+
+
+def _topology(c: Checker, data: object, drafts: list | None) -> str:
+    """The nodes checked across, by the topology written (read raw: a cluster section wrong
+    elsewhere still says how its nodes are cabled) or the one their count means."""
+    written = _given(_given(data, "cluster"), "topology")
+    topology = written if written in TOPOLOGIES else default_topology(len(drafts or ()))
+    if drafts:
+        check_nodes(c, drafts, shared_rails=topology != "ring")
+        if written is None or written in TOPOLOGIES:
+            check_topology(c, drafts, topology, written is not None)
+    return topology
 
 
 def _parse_cluster(c: Checker, value: object, path: YamlPath, base: Path) -> ClusterSettings | None:
@@ -124,6 +137,7 @@ def _parse_cluster(c: Checker, value: object, path: YamlPath, base: Path) -> Clu
         "env": (lambda v, p: _parse_env(c, v, p), MappingProxyType({})),
         "ssh": (lambda v, p: _parse_ssh(c, v, p, base), SSHSettings()),
         "linktest": (lambda v, p: _parse_linktest(c, v, p), LinktestSettings()),
+        "topology": (lambda v, p: c.choice(v, p, TOPOLOGIES), None),
     }
     f = c.fill(value, path, fields)
     env = _given(value, "env")

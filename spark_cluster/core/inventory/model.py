@@ -74,6 +74,7 @@ class Rail:
     interface: str
     hca: str
     address: ipaddress.IPv4Interface
+    peer: str | None = None  # the node this rail's cable reaches: a ring's rails name it
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,8 @@ class ClusterSettings:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     ssh: SSHSettings = field(default_factory=SSHSettings)
     linktest: LinktestSettings = field(default_factory=LinktestSettings)
+    # How the nodes are cabled: pair, ring or switch (inventory.topology says what each asks).
+    topology: str = "pair"
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,7 @@ def _parse_rail(c: Checker, value: object, path: YamlPath) -> Rail | None:
         "interface": (lambda v, p: c.text(v, p, IFNAME), REQUIRED),
         "hca": (lambda v, p: c.text(v, p, HCA), REQUIRED),
         "address": (lambda v, p: _rail_address(c, v, p), REQUIRED),
+        "peer": (lambda v, p: c.text(v, p, NODE_NAME), None),
     }
     f = c.fill(value, path, fields)
     return None if f is None else Rail(**f)
@@ -188,8 +189,10 @@ def _rail_address(c: Checker, value: object, path: YamlPath) -> ipaddress.IPv4In
     return None
 
 
-def check_nodes(c: Checker, drafts: list[Draft]) -> None:
-    """Checks across nodes: unique names and addresses, one head, rails that meet."""
+def check_nodes(c: Checker, drafts: list[Draft], shared_rails: bool = True) -> None:
+    """Checks across nodes: unique names and addresses, one head, rails that meet. With
+    ``shared_rails`` (a pair, a switch) rails[i] of every node is in one subnet; a ring's rails
+    are matched by their peers instead (inventory.topology)."""
     _check_unique(c, drafts, "name", str)
     _check_unique(c, drafts, "address", _normal_address)
     heads = [d for d in drafts if d.fields["role"] == "head"]
@@ -204,7 +207,7 @@ def check_nodes(c: Checker, drafts: list[Draft]) -> None:
     ref = next((d for d in linked if d.fields["role"] == "head"), linked[0] if linked else None)
     for d in linked:
         if ref is not None and d is not ref:
-            _check_link_pair(c, ref, d)
+            _check_link_pair(c, ref, d, shared_rails)
     seen: dict[ipaddress.IPv4Address, YamlPath] = {}
     for d in linked:
         for i, rail in enumerate(d.fields["link"].rails):
@@ -216,12 +219,14 @@ def check_nodes(c: Checker, drafts: list[Draft]) -> None:
                 c.report(here, f"{message} (line {c.line(first_use)})", hint)
 
 
-def _check_link_pair(c: Checker, ref: Draft, d: Draft) -> None:
-    """``d``'s link against the reference node's: same MTU, same rail count, same subnets."""
+def _check_link_pair(c: Checker, ref: Draft, d: Draft, shared_rails: bool) -> None:
+    """``d``'s link against the reference node's: same MTU; same rail count and subnets where shared."""
     mine, theirs = d.fields["link"], ref.fields["link"]
     if mine.mtu != theirs.mtu:
         hint = "both ends of a rail need the same MTU, or large frames are dropped"
         c.report(d.path + ("link", "mtu"), f"node {d.label} has mtu {mine.mtu} but {ref.label} has {theirs.mtu}", hint)
+    if not shared_rails:
+        return
     if len(mine.rails) != len(theirs.rails):
         message = f"node {d.label} has {len(mine.rails)} rail(s) but {ref.label} has {len(theirs.rails)}"
         c.report(d.path + ("link", "rails"), message, "every node needs the same rails, one per twin of the link")

@@ -1,0 +1,150 @@
+"""cluster.topology: what each way of cabling asks of the rails, what validate refuses (at its
+line, naming the node), and which rail pairs carry traffic."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_cluster.core.inventory import Hop, InventoryError, directed, hops, parse_inventory
+
+HEAD = "cluster:\n  name: t\n  runtime: host\n{extra}nodes:\n"
+
+
+def _node(name: str, i: int, rails: list[tuple[str, str]], role: str = "worker") -> str:
+    """A node whose rails are (address, peer or '') in the order given; twins alternate."""
+    lines = [f"  - name: {name}", f"    address: 10.0.0.{i + 1}", "    user: nvidia", "    port: 22",
+             f"    role: {role}", "    link:", "      mtu: 9000", "      rails:"]
+    for r, (address, peer) in enumerate(rails):
+        port, twin = divmod(r, 2)
+        interface = f"{'enP2p1' if twin else 'enp1'}s0f{port}np{port}"
+        hca = f"{'roceP2p1' if twin else 'rocep1'}s0f{port}"
+        lines.append(f"        - {{interface: {interface}, hca: {hca}, address: {address}"
+                     + (f", peer: {peer}" if peer else "") + "}")
+    return "\n".join(lines) + "\n"
+
+
+def _text(nodes: dict[str, list[tuple[str, str]]], topology: str | None) -> str:
+    extra = f"  topology: {topology}\n" if topology else ""
+    return HEAD.format(extra=extra) + "".join(
+        _node(name, i, rails, "head" if i == 0 else "worker") for i, (name, rails) in enumerate(nodes.items()))
+
+
+def _ring(**changes: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """Three Sparks: a's port 0 to b (subnets .100/.101), b's port 1 to c (.102/.103), c's port 0
+    to a (.104/.105); each cable's two twins in a subnet of their own."""
+    nodes = {
+        "a": [("192.168.100.1/24", "b"), ("192.168.101.1/24", "b"), ("192.168.104.1/24", "c"), ("192.168.105.1/24", "c")],
+        "b": [("192.168.100.2/24", "a"), ("192.168.101.2/24", "a"), ("192.168.102.2/24", "c"), ("192.168.103.2/24", "c")],
+        "c": [("192.168.104.3/24", "a"), ("192.168.105.3/24", "a"), ("192.168.102.3/24", "b"), ("192.168.103.3/24", "b")],
+    }
+    return {**nodes, **changes}
+
+
+def _switch(count: int) -> dict[str, list[tuple[str, str]]]:
+    return {f"s{i}": [(f"192.168.100.{i + 1}/24", ""), (f"192.168.101.{i + 1}/24", "")] for i in range(count)}
+
+
+def _problems(text: str) -> list[str]:
+    with pytest.raises(InventoryError) as err:
+        parse_inventory(text, "inv.yaml")
+    return [str(p) for p in err.value.problems]
+
+
+def _line(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_an_inventory_that_does_not_say_means_what_it_meant() -> None:
+    two = parse_inventory(_text(_switch(2), None), "inv.yaml")
+    assert two.cluster.topology == "pair"
+    assert hops(two) == (Hop("s0", 0, "s1", 0), Hop("s0", 1, "s1", 1))
+    four = parse_inventory(_text(_switch(4), None), "inv.yaml")
+    assert four.cluster.topology == "switch"  # rails[i] of every node in one subnet
+    assert len(hops(four)) == 2 * 6
+
+
+def test_a_switch_carries_every_pair_on_every_rail_both_ways() -> None:
+    inv = parse_inventory(_text(_switch(4), "switch"), "inv.yaml")
+    pairs = hops(inv)
+    assert [(h.a, h.b) for h in pairs if h.a_rail == 1] == [
+        ("s0", "s1"), ("s0", "s2"), ("s0", "s3"), ("s1", "s2"), ("s1", "s3"), ("s2", "s3")]
+    assert all(h.a_rail == h.b_rail for h in pairs)
+    assert len(directed(inv)) == 24 and Hop("s3", 0, "s1", 0) in directed(inv)
+
+
+def test_a_ring_carries_each_cable_between_neighbours_twin_by_twin() -> None:
+    inv = parse_inventory(_text(_ring(), "ring"), "inv.yaml")
+    assert inv.cluster.topology == "ring"
+    assert hops(inv) == (Hop("a", 0, "b", 0), Hop("a", 1, "b", 1), Hop("a", 2, "c", 0), Hop("a", 3, "c", 1),
+                         Hop("b", 2, "c", 2), Hop("b", 3, "c", 3))
+    assert Hop("c", 2, "b", 2) in directed(inv) and len(directed(inv)) == 12
+
+
+def test_a_ring_with_one_twin_per_cable_is_a_ring() -> None:
+    ring = {name: rails[::2] for name, rails in _ring().items()}  # each port's first twin only
+    inv = parse_inventory(_text(ring, "ring"), "inv.yaml")
+    assert hops(inv) == (Hop("a", 0, "b", 0), Hop("a", 1, "c", 0), Hop("b", 1, "c", 1))
+
+
+def test_the_two_ends_of_a_ring_cable_on_different_subnets_are_refused_at_the_rail() -> None:
+    text = _text(_ring(b=[("192.168.110.2/24", "a"), ("192.168.101.2/24", "a"),
+                          ("192.168.102.2/24", "c"), ("192.168.103.2/24", "c")]), "ring")
+    problems = _problems(text)
+    line = _line(text, "192.168.110.2/24")
+    assert any(p.startswith(f"inv.yaml:{line}: node 'b' rails[0] 192.168.110.2/24 reaches 'a', but no rail of 'a' "
+                            "with peer: b is in 192.168.110.0/24") and "hint:" in p for p in problems), problems
+    line_a = _line(text, "192.168.100.1/24")
+    assert any(p.startswith(f"inv.yaml:{line_a}: node 'a' rails[0]") for p in problems), problems
+
+
+def test_a_ring_rail_without_a_peer_or_a_neighbour_left_out_is_named() -> None:
+    text = _text(_ring(c=[("192.168.104.3/24", "a"), ("192.168.105.3/24", ""),
+                          ("192.168.102.3/24", "a"), ("192.168.103.3/24", "a")]), "ring")
+    problems = _problems(text)
+    assert any(f"inv.yaml:{_line(text, '192.168.105.3/24')}: node 'c' rails[1] names no peer" in p
+               and "write peer: with one of a, b" in p for p in problems), problems
+    assert any("node 'c' has no rail to 'b'" in p and "with peer: b" in p for p in problems), problems
+
+
+def test_a_ring_peer_that_is_no_node_is_named() -> None:
+    text = _text(_ring(a=[("192.168.100.1/24", "b"), ("192.168.101.1/24", "zed"),
+                          ("192.168.104.1/24", "c"), ("192.168.105.1/24", "c")]), "ring")
+    assert any("node 'a' rails[1] names peer 'zed', no node here" in p for p in _problems(text))
+
+
+@pytest.mark.parametrize(("topology", "count", "says"), [
+    ("ring", 4, "cluster.topology is ring, which takes 3 nodes; the inventory lists 4"),
+    ("ring", 2, "cluster.topology is ring, which takes 3 nodes; the inventory lists 2"),
+    ("switch", 9, "cluster.topology is switch, which takes 2 to 8 nodes; the inventory lists 9"),
+    ("pair", 3, "cluster.topology is pair, which takes 1 to 2 nodes; the inventory lists 3"),
+    (None, 9, "with no cluster.topology, switch is meant, which takes 2 to 8 nodes; the inventory lists 9"),
+])
+def test_a_node_count_the_topology_cannot_take_is_refused(topology: str | None, count: int, says: str) -> None:
+    nodes = _switch(count) if topology != "ring" or count != 3 else _ring()
+    text = _text(nodes, topology)
+    line = _line(text, "topology:") if topology else _line(text, "nodes:")
+    problems = _problems(text)
+    assert any(p.startswith(f"inv.yaml:{line}: {says}") and "set cluster.topology: pair" in p for p in problems), problems
+
+
+def test_a_switch_rail_in_another_subnet_is_refused() -> None:
+    nodes = _switch(4)
+    nodes["s2"] = [("192.168.100.3/24", ""), ("192.168.111.3/24", "")]
+    text = _text(nodes, "switch")
+    problems = _problems(text)
+    assert any(p.startswith(f"inv.yaml:{_line(text, '192.168.111.3/24')}: ") and "192.168.101.0/24" in p
+               for p in problems), problems
+
+
+def test_a_peer_outside_a_ring_is_refused() -> None:
+    nodes = _switch(2)
+    nodes["s1"] = [("192.168.100.2/24", "s0"), ("192.168.101.2/24", "")]
+    text = _text(nodes, "pair")
+    assert any(p.startswith(f"inv.yaml:{_line(text, 'peer: s0')}: node 's1' rails[0] names a peer")
+               and "remove peer:" in p for p in _problems(text))
+
+
+def test_an_unknown_topology_is_refused_with_the_choices() -> None:
+    text = _text(_switch(2), "mesh")
+    assert any(p.startswith(f"inv.yaml:{_line(text, 'topology:')}: ") and "ring" in p and "switch" in p
+               for p in _problems(text))
