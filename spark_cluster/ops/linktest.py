@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from spark_cluster.core.checks.base import Finding, blocker, manual, warning
 from spark_cluster.core.errors import CommandTimeout, SparkClusterError
-from spark_cluster.core.inventory import Inventory, NodeSpec
+from spark_cluster.core.inventory import Inventory, NodeSpec, directed
 from spark_cluster.core.nccl_log import parse_nccl
 from spark_cluster.core.ray_plan import container_name, node_env
 from spark_cluster.core.secrets import exports, scrub, split, stdin_lines
@@ -33,11 +33,12 @@ Emit = Callable[..., None]
 
 @dataclass(frozen=True)
 class RailPath:
-    """One rail in one direction: from `src` over its rail `rail` to `dst`'s rail `rail`."""
+    """One rail in one direction: from `src` over its rails[rail] to `dst`'s rails[peer_rail]."""
 
     rail: int
     src: NodeSpec
     dst: NodeSpec
+    peer_rail: int
 
     @property
     def interface(self) -> str:
@@ -49,21 +50,17 @@ class RailPath:
 
     @property
     def target(self) -> str:
-        return str(self.dst.link.rails[self.rail].address.ip)
+        return str(self.dst.link.rails[self.peer_rail].address.ip)
 
     @property
     def label(self) -> str:
-        return f"rail {self.rail} {self.src.name} -> {self.dst.name}"
+        theirs = f" (its rail {self.peer_rail})" if self.peer_rail != self.rail else ""
+        return f"rail {self.rail} {self.src.name} -> {self.dst.name}{theirs}"
 
 
 def paths(inventory: Inventory) -> list[RailPath]:
-    out = []
-    for r in range(len(inventory.head.link.rails)):
-        for src in inventory.nodes:
-            for dst in inventory.nodes:
-                if src is not dst and r < len(src.link.rails) and r < len(dst.link.rails):
-                    out.append(RailPath(r, src, dst))
-    return out
+    """Every rail pair that will carry traffic (core.inventory.hops), both ways."""
+    return [RailPath(h.a_rail, inventory.node(h.a), inventory.node(h.b), h.b_rail) for h in directed(inventory)]
 
 
 def links(node: Node) -> dict[str, dict]:
@@ -251,8 +248,8 @@ def linktest(inventory: Inventory, fleet: Fleet, emit: Emit, gather: bool = True
             raise got
         ping = got[p]
         reached = macs.get(ping["lladdr"] or "")
-        want = p.dst.link.rails[p.rail].interface
-        row = {"rail": p.rail, "from": p.src.name, "to": p.dst.name, "interface": p.interface,
+        want = p.dst.link.rails[p.peer_rail].interface
+        row = {"rail": p.rail, "peer_rail": p.peer_rail, "from": p.src.name, "to": p.dst.name, "interface": p.interface,
                "address": p.source, "peer_address": p.target, "ping": {k: ping[k] for k in ("ok", "size", "detail")},
                "reaches": f"{reached[0]} {reached[1]}" if reached else None,
                "crossed": bool(reached and reached != (p.dst.name, want))}
@@ -298,7 +295,7 @@ def _rail_findings(inventory: Inventory, rails: list[dict], links) -> list[Findi
     mtu = inventory.head.link.mtu
     for row in rails:
         if row["crossed"]:
-            want = inventory.node(row["to"]).link.rails[row["rail"]].interface
+            want = inventory.node(row["to"]).link.rails[row["peer_rail"]].interface
             findings.append(blocker(
                 "link.crossed", row["from"],
                 f"{row['interface']} on {row['from']} is cabled to {row['reaches']}, not to {row['to']} {want}: "
@@ -306,13 +303,13 @@ def _rail_findings(inventory: Inventory, rails: list[dict], links) -> list[Findi
                 f"ip neigh: {row['peer_address']} answered from the MAC of {row['reaches']}",
                 manual(f"move the QSFP cable so both Sparks use the same port (same cage, pull-tab up), or give "
                        f"{row['to']}'s rails in the inventory and netplan the interfaces the cable reaches")))
-    crossed = {(r["rail"], r["from"]) for r in rails if r["crossed"]} | {(r["rail"], r["to"]) for r in rails if r["crossed"]}
+    crossed = {(r["rail"], r["from"]) for r in rails if r["crossed"]} | {(r["peer_rail"], r["to"]) for r in rails if r["crossed"]}
     for row in rails:
         if row["ping"]["ok"] or (row["rail"], row["from"]) in crossed:
             continue
         ends = []
-        for name in (row["from"], row["to"]):
-            interface = inventory.node(name).link.rails[row["rail"]].interface
+        for name, r in ((row["from"], row["rail"]), (row["to"], row["peer_rail"])):
+            interface = inventory.node(name).link.rails[r].interface
             found = links.get(name)
             state = found.get(interface) if isinstance(found, dict) else None
             ends.append((name, interface, state))
@@ -324,7 +321,8 @@ def _rail_findings(inventory: Inventory, rails: list[dict], links) -> list[Findi
         if down:
             n, i = down[0]
             findings.append(blocker(
-                "link.down", n, f"{i} on {n} is down or has no carrier: rail {row['rail']} carries nothing",
+                "link.down", n, f"{i} on {n} is down or has no carrier: rail {row['rail']} {row['from']} -> "
+                f"{row['to']} carries nothing",
                 evidence, manual("reseat the QSFP cable (pull-tab up), same port on both Sparks; "
                                  f"`sudo ip link set {i} up`; `ibdev2netdev` must show the port (Up)")))
         elif off:
