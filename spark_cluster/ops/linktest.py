@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from spark_cluster.core.checks.base import Finding, blocker, manual, warning
 from spark_cluster.core.errors import CommandTimeout, SparkClusterError
-from spark_cluster.core.inventory import Inventory, NodeSpec, directed
+from spark_cluster.core.inventory import CABLE_PORTS, Inventory, NodeSpec, directed
 from spark_cluster.core.nccl_log import parse_nccl
 from spark_cluster.core.ray_plan import container_name, node_env
 from spark_cluster.core.secrets import exports, scrub, split, stdin_lines
@@ -301,7 +301,7 @@ def _rail_findings(inventory: Inventory, rails: list[dict], links) -> list[Findi
                 f"{row['interface']} on {row['from']} is cabled to {row['reaches']}, not to {row['to']} {want}: "
                 "the rails are crossed, so each rail's subnet ends on the wrong twin",
                 f"ip neigh: {row['peer_address']} answered from the MAC of {row['reaches']}",
-                manual(f"move the QSFP cable so both Sparks use the same port (same cage, pull-tab up), or give "
+                manual(f"move the QSFP cable to {CABLE_PORTS[inventory.cluster.topology]} (pull-tab up), or give "
                        f"{row['to']}'s rails in the inventory and netplan the interfaces the cable reaches")))
     crossed = {(r["rail"], r["from"]) for r in rails if r["crossed"]} | {(r["peer_rail"], r["to"]) for r in rails if r["crossed"]}
     for row in rails:
@@ -323,7 +323,7 @@ def _rail_findings(inventory: Inventory, rails: list[dict], links) -> list[Findi
             findings.append(blocker(
                 "link.down", n, f"{i} on {n} is down or has no carrier: rail {row['rail']} {row['from']} -> "
                 f"{row['to']} carries nothing",
-                evidence, manual("reseat the QSFP cable (pull-tab up), same port on both Sparks; "
+                evidence, manual(f"reseat the QSFP cable (pull-tab up), {CABLE_PORTS[inventory.cluster.topology]}; "
                                  f"`sudo ip link set {i} up`; `ibdev2netdev` must show the port (Up)")))
         elif off:
             n, i, m = off[0]

@@ -10,23 +10,33 @@ from collections.abc import Iterator, Mapping
 
 from spark_cluster.core.facts import MISSING, Host
 from spark_cluster.core.facts.network import IBDEV2NETDEV, INTERFACES, PING, ping_key
-from spark_cluster.core.inventory import Inventory
+from spark_cluster.core.inventory import CABLE_PORTS, Inventory, directed
 from spark_cluster.core.checks.base import Finding, blocker, fix, manual, warning
 from spark_cluster.core.checks.rdma_ports import ports_with_link
+
+
+def _far_ends(inventory: Inventory) -> dict[tuple[str, int], list[tuple[str, int]]]:
+    """(node, rail) -> the (node, rail) ends it carries traffic to, as the topology says."""
+    ends: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for hop in directed(inventory):
+        ends.setdefault((hop.a, hop.a_rail), []).append((hop.b, hop.b_rail))
+    return ends
 
 
 def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Finding]:
     mtu = inventory.head.link.mtu
     explained: set[tuple[str, int]] = set()  # (node, rail) whose ping failures are accounted for
-    for r in range(len(inventory.head.link.rails)):
+    far = _far_ends(inventory)
+    for r in range(max(len(n.link.rails) for n in inventory.nodes)):
         ends = [(spec, hosts[spec.name]) for spec in inventory.nodes
                 if spec.name in hosts and r < len(spec.link.rails)]
-        admin_down = {spec.name for spec, f in ends
-                      if (i := f.interface(spec.link.rails[r].interface)) and not i.admin_up}
         for spec, f in ends:
             rail = spec.link.rails[r]
             interface = f.interface(rail.interface)
             key = (spec.name, r)
+            reach = [(n, i) for n, i in far.get(key, []) if n in hosts]
+            admin_down = {n for n, i in reach if (x := hosts[n].interface(inventory.node(n).link.rails[i].interface))
+                          and not x.admin_up}
             if interface is None:
                 explained.add(key)
                 listed = ", ".join(sorted(f.fact(INTERFACES))) or "none"
@@ -37,7 +47,7 @@ def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Fin
                     manual("check `interface:` in the inventory against `ibdev2netdev` on the node"))
                 continue
             if not interface.admin_up:
-                explained.update((n, r) for n in hosts)
+                explained.update([key, *reach])
                 yield blocker(
                     "link.down", spec.name,
                     f"{rail.interface} is administratively down on {spec.name}",
@@ -46,7 +56,7 @@ def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Fin
                 continue
             if not interface.carrier:
                 explained.add(key)
-                if admin_down - {spec.name}:
+                if admin_down:
                     continue  # its peer is switched off: that end carries the finding
                 other = ports_with_link(f, (r.interface for r in spec.link.rails))
                 if other:
@@ -57,7 +67,7 @@ def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Fin
                         "is in the other QSFP port, or the inventory names the wrong one",
                         f"ip link: {rail.interface} state {interface.operstate} (NO-CARRIER); "
                         f"RDMA port state: {netdev} has link",
-                        manual(f"move the cable to {rail.interface}'s port (the same port on both Sparks), "
+                        manual(f"move the cable to {rail.interface}'s port ({CABLE_PORTS[inventory.cluster.topology]}), "
                                f"or set `interface: {netdev}` and `hca: {hca}` for this rail in the inventory"))
                     continue
                 yield blocker(
@@ -65,7 +75,7 @@ def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Fin
                     f"{rail.interface} has no carrier on {spec.name}: the QSFP cable is out, "
                     "seated upside down, or in a different port on the other Spark",
                     f"ip link: {rail.interface} state {interface.operstate} (NO-CARRIER)",
-                    manual("reseat the cable (pull-tab up), same port on both Sparks; "
+                    manual(f"reseat the cable (pull-tab up), {CABLE_PORTS[inventory.cluster.topology]}; "
                            "`ibdev2netdev` must show the port (Up)"))
                 continue
             want = str(rail.address)
@@ -78,7 +88,7 @@ def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Fin
                     f"ip addr show {rail.interface}: {have}",
                     fix("link-address", interface=rail.interface, address=want))
             if interface.mtu != mtu:
-                explained.update((n, r) for n in hosts)
+                explained.update([key, *reach])
                 yield blocker(
                     "link.mtu-mismatch", spec.name,
                     f"{rail.interface} on {spec.name} has MTU {interface.mtu}, the inventory and the "
@@ -102,20 +112,18 @@ def _pings(inventory: Inventory, hosts: Mapping[str, Host],
         f = hosts.get(spec.name)
         if f is None:
             continue
-        for r, rail in enumerate(spec.link.rails):
-            for peer in inventory.nodes:
-                if peer.name == spec.name:
-                    continue
-                probe = f.probe(PING, ping_key(rail.interface, peer.name))
-                if probe is MISSING or probe.ok:
-                    continue
-                if (spec.name, r) in explained or (peer.name, r) in explained:
-                    continue
-                size = spec.link.mtu - 28
-                yield blocker(
-                    "link.ping-failed", spec.name,
-                    f"a {size}-byte don't-fragment ping from {spec.name} over {rail.interface} to "
-                    f"{peer.name} ({peer.link.rails[r].address.ip}) fails",
-                    f"ping -M do -s {size}: {probe.first_line or f'exit {probe.rc}'}",
-                    manual("check the MTU of every hop and the addresses of both ends; "
-                           "a firewall may drop ICMP"))
+        for hop in (h for h in directed(inventory) if h.a == spec.name):
+            rail, peer = spec.link.rails[hop.a_rail], inventory.node(hop.b)
+            probe = f.probe(PING, ping_key(rail.interface, peer.name))
+            if probe is MISSING or probe.ok:
+                continue
+            if (spec.name, hop.a_rail) in explained or (peer.name, hop.b_rail) in explained:
+                continue
+            size = spec.link.mtu - 28
+            yield blocker(
+                "link.ping-failed", spec.name,
+                f"a {size}-byte don't-fragment ping from {spec.name} over {rail.interface} to "
+                f"{peer.name} ({peer.link.rails[hop.b_rail].address.ip}) fails",
+                f"ping -M do -s {size}: {probe.first_line or f'exit {probe.rc}'}",
+                manual("check the MTU of every hop and the addresses of both ends; "
+                       "a firewall may drop ICMP"))

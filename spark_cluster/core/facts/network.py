@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from spark_cluster.core.facts.base import Derived, Fact, Target, answered, integer, text
+from spark_cluster.core.inventory import directed
 from spark_cluster.core.parsers import rdma
 from spark_cluster.core.shell import join
 
@@ -97,18 +98,16 @@ def ping_key(interface: str, peer: str) -> str:
 
 def _ping_commands(target: Target) -> dict[str, str]:
     node = target.node
+    size = node.link.mtu - 28  # the largest ICMP payload an MTU carries unfragmented
     commands = {}
-    for r, rail in enumerate(node.link.rails):
-        size = node.link.mtu - 28  # the largest ICMP payload an MTU carries unfragmented
-        for peer in target.inventory.nodes:
-            if peer.name == node.name or r >= len(peer.link.rails):
-                continue
-            # Two tries: one late reply on a busy node is not a broken link. -w: a peer that
-            # drops the frame makes ping retry on ENOBUFS for over 6 s, past the probe's timeout.
-            commands[ping_key(rail.interface, peer.name)] = join(
-                "ping", "-c", "2", "-i", "0.2", "-W", "2", "-w", "4", "-M", "do", "-s", size,
-                "-I", rail.interface,
-                str(peer.link.rails[r].address.ip))
+    # The rails the topology carries traffic on: on a ring a rail reaches one neighbour only.
+    for hop in (h for h in directed(target.inventory) if h.a == node.name):
+        rail, peer = node.link.rails[hop.a_rail], target.inventory.node(hop.b)
+        # Two tries: one late reply on a busy node is not a broken link. -w: a peer that
+        # drops the frame makes ping retry on ENOBUFS for over 6 s, past the probe's timeout.
+        commands[ping_key(rail.interface, peer.name)] = join(
+            "ping", "-c", "2", "-i", "0.2", "-W", "2", "-w", "4", "-M", "do", "-s", size,
+            "-I", rail.interface, str(peer.link.rails[hop.b_rail].address.ip))
     return commands
 
 

@@ -17,9 +17,10 @@ from spark_cluster.core.inventory.model import (
     Resolve, SSHDefaults, SSHSettings, UnknownNode,
 )
 from spark_cluster.core.inventory.rules import LISTEN_CHOICES, RAY_AUTH_CHOICES
-from spark_cluster.core.inventory.topology import TOPOLOGIES, Hop, directed, hops
+from spark_cluster.core.inventory.topology import CABLE_PORTS, TOPOLOGIES, Hop, directed, hops
 
 __all__ = [
+    "CABLE_PORTS",
     "LISTEN_CHOICES",
     "RAY_AUTH_CHOICES",
     "TOPOLOGIES",

@@ -26,6 +26,11 @@ _COUNTS = {"pair": (1, 2), "ring": (RING_NODES, RING_NODES), "switch": (2, MAX_S
 _OTHERS = "pair for two Sparks on one cable, ring for three, switch for 2 to 8 on a switch"
 
 
+# Where a cable goes, for a hint: a ring of three cannot use the same port at both ends of every cable.
+CABLE_PORTS = {"pair": "the same port on both Sparks", "ring": "on each Spark the port whose rails name that neighbour",
+               "switch": "the port the inventory names, into the switch"}
+
+
 @dataclass(frozen=True)
 class Hop:
     """Two rails that carry traffic: ``a``'s rails[a_rail] to ``b``'s rails[b_rail]."""
