@@ -14,14 +14,16 @@ if TYPE_CHECKING:
 
 
 def inventory_summary(inventory: Inventory) -> str:
+    from spark_cluster.core.inventory import hops  # --help need not load the inventory
+
     cluster = inventory.cluster
-    rails = len(inventory.head.link.rails)
+    pairs = len(hops(inventory))  # what linktest proves each way
     model = inventory.model
     what = "no model" if model is None else f"model {model.recipe or model.name}"
     return (  # three short lines, so that they read at 80 columns
         f"{inventory.path}: valid: cluster {cluster.name}, {len(inventory.nodes)} nodes "
-        f"(head {inventory.head.name})\n  {what}\n  {rails} rail{'s' * (rails != 1)} at MTU "
-        f"{inventory.head.link.mtu}, runtime {cluster.runtime}, executor {cluster.executor}"
+        f"(head {inventory.head.name})\n  {what}\n  {cluster.topology}: {pairs} rail pair{'s' * (pairs != 1)} "
+        f"at MTU {inventory.head.link.mtu}, runtime {cluster.runtime}, executor {cluster.executor}"
     )
 
 
