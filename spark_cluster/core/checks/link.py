@@ -34,9 +34,9 @@ def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Fin
             rail = spec.link.rails[r]
             interface = f.interface(rail.interface)
             key = (spec.name, r)
-            reach = [(n, i) for n, i in far.get(key, []) if n in hosts]
-            admin_down = {n for n, i in reach if (x := hosts[n].interface(inventory.node(n).link.rails[i].interface))
-                          and not x.admin_up}
+            reach = [(n, i) for n, i in far.get(key, []) if n in hosts]  # this rail's far ends
+            admin_down = {n for n, i in reach
+                          if (x := hosts[n].interface(inventory.node(n).link.rails[i].interface)) and not x.admin_up}
             if interface is None:
                 explained.add(key)
                 listed = ", ".join(sorted(f.fact(INTERFACES))) or "none"
