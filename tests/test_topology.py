@@ -4,6 +4,8 @@ line, naming the node), and which rail pairs carry traffic."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spark_cluster.core.inventory import Hop, InventoryError, directed, hops, parse_inventory
 
@@ -148,3 +150,28 @@ def test_an_unknown_topology_is_refused_with_the_choices() -> None:
     text = _text(_switch(2), "mesh")
     assert any(p.startswith(f"inv.yaml:{_line(text, 'topology:')}: ") and "ring" in p and "switch" in p
                for p in _problems(text))
+
+
+@settings(max_examples=30, deadline=None)
+@given(count=st.integers(2, 8), rails=st.integers(1, 4), topology=st.sampled_from(["switch", None]))
+def test_every_hop_joins_two_rails_of_one_subnet_on_a_switch(count: int, rails: int, topology: str | None) -> None:
+    nodes = {f"s{i}": [(f"192.168.{100 + r}.{i + 1}/24", "") for r in range(rails)] for i in range(count)}
+    inv = parse_inventory(_text(nodes, topology), "inv.yaml")  # None: a pair for two, else a switch
+    pairs = hops(inv)
+    assert len(pairs) == rails * count * (count - 1) // 2 == len(set(pairs))
+    for h in pairs:
+        a, b = inv.node(h.a).link.rails[h.a_rail], inv.node(h.b).link.rails[h.b_rail]
+        assert h.a != h.b and a.address.network == b.address.network
+
+
+@settings(max_examples=20, deadline=None)
+@given(twins=st.sampled_from([(0,), (1,), (0, 1)]), order=st.permutations(range(4)))
+def test_every_ring_cable_twin_is_one_hop_whatever_the_rail_order(twins: tuple[int, ...], order: list[int]) -> None:
+    ring = {name: [rails[i] for i in order if i % 2 in twins] for name, rails in _ring().items()}
+    inv = parse_inventory(_text(ring, "ring"), "inv.yaml")
+    pairs = hops(inv)
+    assert len(pairs) == 3 * len(twins)
+    for h in pairs:
+        a, b = inv.node(h.a).link.rails[h.a_rail], inv.node(h.b).link.rails[h.b_rail]
+        assert (a.peer, b.peer) == (h.b, h.a) and a.address.network == b.address.network
+    assert {frozenset((h.a, h.b)) for h in pairs} == {frozenset("ab"), frozenset("bc"), frozenset("ac")}
