@@ -39,9 +39,11 @@ class _Commands(click.Group):
     entry points scans every installed package, so that too waits until a name is not one of ours."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*COMMANDS, *_plugins()})
+        return sorted({*COMMANDS, *self.commands, *_plugins()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:  # added with add_command (a test's, an embedding program's)
+            return self.commands[cmd_name]
         if cmd_name in COMMANDS:
             module, attr = COMMANDS[cmd_name]
             return getattr(importlib.import_module(f"spark_cluster.cli.{module}"), attr)
