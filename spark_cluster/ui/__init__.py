@@ -7,7 +7,7 @@ tables of `bench` and `watch`."""
 
 from __future__ import annotations
 
-import importlib
+import sys
 from typing import Any
 
 _VIEWS = {
@@ -30,7 +30,9 @@ def __getattr__(name: str) -> Any:
     view = _WHERE.get(name)
     if view is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{view}"), name)
+    # __import__, not importlib.import_module: -X importtime (tests/test_layers) logs only this one.
+    __import__(f"{__name__}.{view}")
+    value = getattr(sys.modules[f"{__name__}.{view}"], name)
     globals()[name] = value
     return value
 
