@@ -11,7 +11,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 packages=(openssh-server openssh-client iproute2 iputils-ping procps psmisc util-linux sudo rsync
-          prometheus systemd)  # promtool and a real Prometheus for deploy/; systemd-analyze for `service`
+          prometheus systemd  # promtool and a real Prometheus for deploy/; systemd-analyze for `service`
+          docker.io tar  # each lab node's Docker engine, and what the lab's image is built from
+          netplan.io)  # the fresh lab's nodes run netplan's own generator (`lab up --fresh`, `init`)
 python3 -c 'import ensurepip, venv' 2>/dev/null || packages+=(python3-venv python3-pip)
 missing=()
 for p in "${packages[@]}"; do
@@ -19,8 +21,22 @@ for p in "${packages[@]}"; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
+  # The lab runs a dockerd inside each node's namespaces, never one in this machine's own: while
+  # docker.io installs, no service may start (policy-rc.d), and after it, docker's units are
+  # disabled and stopped where systemd runs. A docker.io that was already here is left alone.
+  policy=""
+  if [[ " ${missing[*]} " == *" docker.io "* ]] && [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\n# scripts/install.sh: no service starts while it installs\nexit 101\n' > "$policy"
+    chmod 755 "$policy"
+  fi
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+  [ -z "$policy" ] || rm -f "$policy"
+  if [[ " ${missing[*]} " == *" docker.io "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now docker.service docker.socket containerd.service 2>/dev/null || true
+    echo "scripts/install.sh: docker.io installed for the lab's nodes; its service here is disabled and stopped"
+  fi
 fi
 
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
@@ -32,6 +48,14 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
 [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[lab,plots,test]'
 echo "installed: $(.venv/bin/spark-cluster --version)"
+
+# The lab's container image runs the venv's packages on Debian's own Python of the same version.
+pyver=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if ! dpkg-query -W -f='${db:Status-Abbrev}' "python$pyver" 2>/dev/null | grep -q '^ii'; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends "python$pyver" \
+    || echo "scripts/install.sh: no Debian package python$pyver: the lab's nodes have no container image"
+fi
 
 # The lab's real engine: vLLM's CPU build in a venv of the system Python (not pyenv's, under
 # /root, which the lab's non-root login user cannot read), outside any node's private /tmp.

@@ -53,14 +53,18 @@ def lab() -> None:
 @click.option("--reboot-seconds", type=click.FloatRange(0, 3600), default=None,
               help="How long a node stays down when it reboots (default 60: a Spark takes a "
                    "minute or more); changes a running lab's too.")
-def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str, reboot_seconds: float | None) -> int:
+@click.option("--fresh", is_flag=True,
+              help="Sparks as before `spark-cluster init`: QSFP ports without addresses at MTU 1500, a login "
+                   "password (in /run/spark-lab/sudo-password), no authorized key, sudo asking the password.")
+def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str, reboot_seconds: float | None,
+           fresh: bool) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     need_lab_extra()
     from spark_cluster_lab import lab as simlab
 
     started = time.monotonic()
     lab_, created = simlab.up(count, inventory_out, engine=engine, cache_size=cache_size,
-                              reboot_s=reboot_seconds)
+                              reboot_s=reboot_seconds, say=ui.CONSOLES.out.print, fresh=fresh)
     verb = "up" if created else "already up"
     ui.CONSOLES.out.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:
@@ -68,6 +72,12 @@ def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str,
     ui.CONSOLES.out.print(f"  key {lab_.identity}, known_hosts {lab_.known_hosts}")
     if inventory_out is not None:
         ui.CONSOLES.out.print(f"  inventory written to {inventory_out} (engine: {engine})")
+    if fresh:
+        from spark_cluster_lab.login_user import LOGIN_USER, SUDO_PASSWORD_FILE
+
+        ui.CONSOLES.out.print(f"  fresh: the login password of {LOGIN_USER} is in "
+                              f"{lab_.root / SUDO_PASSWORD_FILE}; next: spark-cluster init "
+                              + " ".join(n.address for n in lab_.nodes) + " --like inventories/sim.yaml")
     return 0
 
 
@@ -127,15 +137,21 @@ def lab_faults() -> int:
 
 
 @lab.command("down")
-def lab_down() -> int:
-    """Stop every lab process and remove its namespaces, links and files."""
+@click.option("--purge", is_flag=True,
+              help="Also remove the nodes' image cache (the Docker data roots kept for the next lab).")
+def lab_down(purge: bool) -> int:
+    """Stop every lab process and remove its namespaces, links, containers and files."""
     need_lab_extra()
+    from spark_cluster_lab import image_store
     from spark_cluster_lab import lab as simlab
 
-    problems = simlab.down()
+    problems = simlab.down(purge=purge)
     if problems:
         raise SparkClusterError("lab down left things behind:\n  " + "\n  ".join(problems))
-    ui.CONSOLES.out.print("lab down: no namespace, process, link or file of the lab is left")
+    ui.CONSOLES.out.print("lab down: no namespace, process, container, link or file of the lab is left")
+    if not purge and image_store.DOCKER_ROOT.exists():
+        ui.CONSOLES.out.print(f"  the nodes' images stay in {image_store.DOCKER_ROOT} for the next lab "
+                              "(lab down --purge removes them)")
     return 0
 
 

@@ -10,6 +10,7 @@ vLLM's weights and KV cache show). The node's /proc/meminfo is rendered from all
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
@@ -33,22 +34,74 @@ def process_start(pid: int | None) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
+def pid_namespace(pid: int | str = "self") -> str | None:
+    """The PID namespace a process is in (`pid:[4026532...]`), as /proc names it."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 def add_consumer(state: dict[str, Any], name: str, kib: int, pid: int | None = None, **extra: Any) -> None:
     """Memory in use by a named process: taken from MemFree/MemAvailable; `gpu=True` lists it in
     nvidia-smi (type `C` unless `type` says otherwise, named by `process`). A reboot kills the
-    process (if it is still the one recorded) and forgets the consumer."""
-    state["memory"]["consumers"][name] = {"pid": pid, "start": process_start(pid), "kib": int(kib), **extra}
+    process (if it is still the one recorded) and forgets the consumer. The pid is recorded with
+    its PID namespace: a process in a container numbers itself in the container's."""
+    state["memory"]["consumers"][name] = {"pid": pid, "start": process_start(pid), "kib": int(kib),
+                                          **({"pidns": pid_namespace(pid)} if pid else {}), **extra}
+
+
+def local_pid(state: dict[str, Any], c: dict[str, Any]) -> int | None:
+    """The consumer's process as this process numbers it, or None where it cannot tell.
+
+    Pids are numbered as the recording process saw them: in its PID namespace. Where that is
+    this process's own, the pid is as recorded. The node itself (its PID namespace is in its
+    state) also sees the namespaces of its containers, nested in its own, and finds the process
+    there by its pid in that namespace; one that is no longer there has ended. Anywhere else (the
+    host, another container) the recorded numbers name other processes: None."""
+    pid, ns = c.get("pid"), c.get("pidns")
+    here = pid_namespace()
+    if not pid or ns is None or ns == here:
+        return pid
+    if here is None or here != state.get("identity", {}).get("pidns"):
+        return None
+    hidden = False
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as f:
+                nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if len(nspid) < 2 or nspid[-1] != str(pid):
+            continue  # not in a namespace below this one, or another number there
+        try:
+            if os.readlink(f"/proc/{entry.name}/ns/pid") == ns:
+                return int(entry.name)
+        except PermissionError:
+            hidden = True  # root's, in a container (Ray's in NVIDIA's image): not the login user's to read
+        except OSError:
+            continue
+    # Gone only where every process that could be it was looked at: the driver does not forget
+    # a process because the one asking may not look into it.
+    return None if hidden else 0
 
 
 def gone_consumers(state: dict[str, Any]) -> list[str]:
     """Consumers whose recorded process has ended (or whose pid now names another process).
 
-    Pids are numbered as the recording process saw them: a node's own processes in its PID
-    namespace. Only code running inside that node may judge them; from the host the same
-    numbers name other processes (the lab's hog records its pid from inside the node).
+    Only code that can number the recorded process judges it (local_pid): the node judges its
+    own processes and its containers', a container its own; from the host nothing is judged.
     Consumers recorded without a live process (no start time) are never judged gone."""
-    return [name for name, c in state["memory"]["consumers"].items()
-            if c.get("start") is not None and process_start(c.get("pid")) != c["start"]]
+    gone = []
+    for name, c in state["memory"]["consumers"].items():
+        if c.get("start") is None:
+            continue
+        pid = local_pid(state, c)
+        if pid is not None and process_start(pid) != c["start"]:
+            gone.append(name)
+    return gone
 
 
 def prune_gone_consumers(state: dict[str, Any]) -> list[str]:

@@ -18,19 +18,24 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from spark_cluster.core.errors import LabError
+from spark_cluster_lab import dockerd, image_store, netns
 from spark_cluster_lab import engine as engines
-from spark_cluster_lab import netns
 from spark_cluster_lab.checkpoint import write_checkpoint
+from spark_cluster_lab.consumers import pid_namespace
 from spark_cluster_lab.lab_inventory import write_inventory
 from spark_cluster_lab.layout import LAB_ROOT, NodePaths
 from spark_cluster_lab.login_user import LOGIN_USER, SUDO_PASSWORD_FILE, LoginIds, free_ids, password_hash
+from spark_cluster_lab.node_fresh import fresh_rails, make_fresh, require_netplan
 from spark_cluster_lab.node_init import DEFAULT_REBOOT_S, REBOOT_SECONDS
-from spark_cluster_lab.node_python import write_image_bin, write_python
-from spark_cluster_lab.node_setup import CACHE_SIZE, SSHD, keygen, prepare_node, start_sshd
+from spark_cluster_lab.node_python import write_python
+from spark_cluster_lab.node_setup import CACHE_SIZE, INFINIBAND, SSHD, keygen, prepare_node, start_sshd
+from spark_cluster_lab.state import locked_state
 
 LAB_FILE = "lab.json"
 REQUIRED_TOOLS = {
@@ -39,6 +44,9 @@ REQUIRED_TOOLS = {
     "unshare": "util-linux",
     "nsenter": "util-linux",
     "ping": "iputils-ping",
+    dockerd.DOCKERD: "docker.io",  # each node's Docker engine, and the client its users run
+    dockerd.CLIENT: "docker.io",
+    "tar": "tar",
 }
 
 
@@ -49,6 +57,7 @@ class LabNode:
     address: str
     sshd_pid: int  # PID 1 of the node's PID namespace (its init), as this machine numbers it
     launcher_pid: int  # `unshare`, our child: collected when the node stops
+    fresh: bool = False  # `lab up --fresh`: as a Spark before `init` (node_fresh.py)
 
     @property
     def namespace(self) -> str:
@@ -104,7 +113,8 @@ def require_root() -> None:
 
 
 def _require_tools() -> None:
-    missing = [pkg for tool, pkg in REQUIRED_TOOLS.items() if shutil.which(tool) is None]
+    missing = [pkg for tool, pkg in REQUIRED_TOOLS.items()
+               if (not os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool) is None)]
     if not os.access(SSHD, os.X_OK):
         missing.append("openssh-server")
     if missing:
@@ -154,24 +164,37 @@ def _port_open(address: str, port: int = 22) -> bool:
 
 def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_ROOT,
        timeout_s: float = 15.0, engine: str = "emulator",
-       cache_size: str = CACHE_SIZE, reboot_s: float | None = None) -> tuple[Lab, bool]:
+       cache_size: str = CACHE_SIZE, reboot_s: float | None = None, fresh: bool = False,
+       say: Callable[[str], None] = lambda line: None) -> tuple[Lab, bool]:
     """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept
-    (with `reboot_s`, the seconds its nodes stay down in a reboot, changed when given).
+    (with `reboot_s`, the seconds its nodes stay down in a reboot, changed when given), its
+    images brought up to the lab's code.
 
     Both engines are on every node of any lab; `engine` picks the one the inventory names, and
-    is refused here, before anything starts, where it cannot run."""
+    is refused here, before anything starts, where it cannot run. `fresh`: nodes as a Spark is
+    before `spark-cluster init` (node_fresh.py), and no inventory: init writes it. `say` hears
+    the long steps."""
     require_root()
     _require_tools()
     engines.require(engine)
+    if fresh:
+        require_netplan()
+        if inventory_out is not None:
+            raise LabError("a fresh lab has no inventory yet: `spark-cluster init` writes it "
+                           "(drop --inventory-out)")
     if not 1 <= count <= 26:
         raise LabError(f"--nodes must be between 1 and 26, not {count}")
     if not re.fullmatch(r"[1-9][0-9]{0,5}[mMgG]", cache_size):
         raise LabError(f"--cache-size {cache_size!r}: give a size like 1g or 3072m")
     existing = load_lab(lab_root)
     if existing is not None:
+        if any(n.fresh != fresh for n in existing.nodes):
+            raise LabError(f"a {'fresh' if existing.nodes[0].fresh else 'set-up'} lab is already up; "
+                           "run `spark-cluster lab down` first")
         if len(existing.nodes) == count and all(pid_alive(n.sshd_pid) for n in existing.nodes):
             if reboot_s is not None:
                 set_reboot_seconds(existing, reboot_s)
+            _node_images(existing, _seed(say), timeout_s)
             if inventory_out is not None:
                 write_inventory(inventory_out, lab_root, [n.name for n in existing.nodes], engine)
             return existing, False
@@ -183,12 +206,12 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
     # Whatever an earlier, interrupted run left behind goes first.
     down(lab_root)
     names = netns.node_names(count)
+    seed = _seed(say)
     try:
         lab_root.mkdir(parents=True, exist_ok=False)
         keygen(lab_root / "id_ed25519", "spark-cluster-lab")
         shutil.copy(lab_root / "id_ed25519.pub", lab_root / "authorized_keys")
         write_python(lab_root)
-        write_image_bin(lab_root / "image-bin")
         write_checkpoint(lab_root / "checkpoint" / "hub")
         netns.create_mgmt_bridge()
         ids, password = free_ids(), secrets.token_urlsafe(12)
@@ -197,15 +220,21 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         secret.write_text(password + "\n")
         hashed = password_hash(password)
         all_paths = []
+        Path(INFINIBAND).mkdir(mode=0o755, exist_ok=True)  # each node covers it with its own
         for i, name in enumerate(names):
             all_paths.append(prepare_node(name, i, lab_root, ids, hashed,
-                                           DEFAULT_REBOOT_S if reboot_s is None else reboot_s))
+                                           DEFAULT_REBOOT_S if reboot_s is None else reboot_s,
+                                           docker_root=image_store.prepare_node_store(name, seed)))
+            if fresh:
+                make_fresh(all_paths[-1], lab_root)
             netns.create_node(name, i)
         netns.cable(names)
+        if fresh:
+            fresh_rails(names)
         nodes = []
         for i, (name, paths) in enumerate(zip(names, all_paths)):
             launcher, sshd = start_sshd(name, paths, cache_size)
-            nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), sshd, launcher))
+            nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), sshd, launcher, fresh))
         lab = Lab(lab_root, tuple(nodes))
         _save_lab(lab)
         for node in nodes:
@@ -215,6 +244,9 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
             if not netns.wait_until(answering, timeout_s) or not pid_alive(node.sshd_pid):
                 log = (node.paths.log / "sshd.log").read_text(errors="replace").strip()
                 raise LabError(f"{node.name}: sshd did not start:\n{log[-2000:]}")
+            with locked_state(node.paths) as state:  # whose pids the node sees (consumers.local_pid)
+                state["identity"]["pidns"] = pid_namespace(node.sshd_pid)
+        _node_images(lab, seed, timeout_s)
         _write_known_hosts(lab)
         for node in nodes:
             _require_python(node, lab_root)
@@ -224,6 +256,34 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
     except BaseException:
         down(lab_root)
         raise
+
+
+def _seed(say: Callable[[str], None]) -> image_store.Seed:
+    """The lab's image, built on the first `lab up` (and when its packages change)."""
+    seed = image_store.ensure_seed(lambda: say("building the lab's container image from this machine's packages "
+                                               "(once; a minute or more with the real engine) ..."))
+    if seed.built_s is not None:
+        say(f"  built {seed.tag} in {seed.built_s:.0f} s")
+    return seed
+
+
+def node_images(lab: Lab, timeout_s: float = 30.0) -> None:
+    """The lab's images on every node's engine again (one a test removed is loaded back)."""
+    _node_images(lab, _seed(lambda line: None), timeout_s)
+
+
+def _node_images(lab: Lab, seed: image_store.Seed, timeout_s: float) -> None:
+    """Each node's engine answers, with the lab's images built on it (at the lab's code)."""
+    def ready(node: LabNode) -> None:
+        socket = dockerd.host_socket(node.sshd_pid)
+        if not dockerd.wait_ready(socket, max(timeout_s, 30.0)):
+            log = (node.paths.log / "dockerd.log").read_text(errors="replace").strip()
+            raise LabError(f"{node.name}: dockerd did not start:\n{log[-2000:]}")
+        image_store.ensure_images(socket, seed)
+
+    with ThreadPoolExecutor(max_workers=len(lab.nodes)) as pool:
+        for done in [pool.submit(ready, node) for node in lab.nodes]:
+            done.result()
 
 
 def _require_python(node: LabNode, lab_root: Path) -> None:
@@ -267,6 +327,14 @@ def _write_known_hosts(lab: Lab) -> None:
     lab.known_hosts.write_text("\n".join(lines) + "\n")
 
 
+def _remove_infiniband() -> None:
+    """The directory up made for the nodes' /dev/infiniband, where this machine has none of its own."""
+    try:
+        os.rmdir(INFINIBAND)  # only an empty one: a machine with RDMA devices keeps its own
+    except OSError:
+        pass
+
+
 def _kill_namespace(ns: str, deadline_s: float = 10.0) -> list[int]:
     """Stop every process in a namespace: TERM, then KILL what is left. Returns survivors."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -281,11 +349,18 @@ def _kill_namespace(ns: str, deadline_s: float = 10.0) -> list[int]:
     return [p for p in netns.namespace_pids(ns) if pid_alive(p)]
 
 
-def down(lab_root: Path = LAB_ROOT) -> list[str]:
-    """Tear everything down; returns what could not be removed (empty when clean)."""
+def down(lab_root: Path = LAB_ROOT, purge: bool = False) -> list[str]:
+    """Tear everything down; returns what could not be removed (empty when clean). The nodes'
+    images stay, with no container, as the next lab's cache, unless `purge`."""
     require_root()
     problems: list[str] = []
     lab = load_lab(lab_root)
+    for node in lab.nodes if lab is not None else ():
+        if pid_alive(node.sshd_pid):  # no container kept in its data root for the next lab
+            try:
+                dockerd.remove_containers(dockerd.host_socket(node.sshd_pid))
+            except (OSError, subprocess.SubprocessError):
+                pass  # its engine is gone: the next lab makes its data root again
     for ns in netns.lab_namespaces():
         survivors = _kill_namespace(ns)
         if survivors:
@@ -298,6 +373,10 @@ def down(lab_root: Path = LAB_ROOT) -> list[str]:
     for link in netns.lab_links():
         netns.ip("link", "del", link, check=False)
     shutil.rmtree(lab_root, ignore_errors=True)
+    problems += [f"cgroup {left} is still there" for left in dockerd.remove_cgroups()]
+    _remove_infiniband()
+    if purge:
+        problems += [f"{left} is still there" for left in image_store.purge()]
     problems += [f"namespace {ns} is still there" for ns in netns.lab_namespaces()]
     problems += [f"link {link} is still there" for link in netns.lab_links()]
     if lab_root.exists():

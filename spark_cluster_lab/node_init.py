@@ -1,10 +1,12 @@
-"""PID 1 of a simulated Spark: starts sshd, reaps orphans, and reboots the node when asked.
+"""PID 1 of a simulated Spark: starts Docker's engine and sshd, reaps orphans, and reboots the node
+when asked.
 
 A reboot is what a Spark's takes, in the order it takes it: every process of the node gets
 TERM, then KILL (sshd with them, so SSH stops answering); the node stays down for the
 seconds in `reboot_seconds` (a Spark takes a minute or more); then /tmp is emptied, a new
 boot_id is drawn, the kernel and modules come up as the node's next-boot state says, and
-sshd starts again. The mounts (the node's disks) outlive it, as a disk outlives a reboot.
+dockerd (which finds what ran before stopped, and restarts what `--restart` asks) and sshd
+start again. The mounts (the node's disks) outlive it, as a disk outlives a reboot.
 
 The `reboot` stand-in asks for one with SIGUSR1 to PID 1; the lab stops the node with SIGTERM.
 Run as `python -IS node_init.py NODE_ROOT SSHD_ARGV...` (standard library and spark_cluster_lab).
@@ -20,6 +22,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+from spark_cluster_lab import dockerd
 
 BOOT_ID = "boot_id"  # in the node's root; bound over /proc/sys/kernel/random/boot_id
 REBOOT_SECONDS = "reboot_seconds"
@@ -113,8 +117,7 @@ def empty_tmp(directory: Path) -> None:
 
 
 def _boot_state(root: Path) -> None:
-    """Kernel and modules as a fresh boot leaves them (the `reboot` stand-in has already
-    marked the containers as a reboot leaves them)."""
+    """Kernel and modules as a fresh boot leaves them."""
     from spark_cluster_lab.faults import prune_faults
     from spark_cluster_lab.layout import NodePaths
     from spark_cluster_lab.standins.kernel import boot
@@ -195,6 +198,8 @@ def main(argv: list[str]) -> int:
                 _boot_state(root)
             new_boot_id(root)
             first = False
+            # As systemd does on a Spark: Docker's engine, then sshd (logins wait for neither).
+            dockerd.start(root)
             subprocess.Popen(sshd_argv, stdin=subprocess.DEVNULL)
             while True:
                 _reap_and_free(root)

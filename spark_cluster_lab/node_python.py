@@ -1,5 +1,6 @@
 """The Python the lab's nodes run: the lab's own interpreter behind a shim (`/run/spark-lab/python`)
-whose environment "has vLLM installed" (the emulator), and the container image's PATH.
+whose environment "has vLLM installed" (the emulator); the container image holds the same files
+(image_rootfs).
 """
 
 from __future__ import annotations
@@ -24,40 +25,34 @@ if __name__ == "__main__":
 """
 
 
-def write_python(lab_root: Path) -> None:
-    site = lab_root / "site"
-    package = site / "vllm" / "entrypoints" / "cli"
-    package.mkdir(parents=True)
-    for folder in (site / "vllm", site / "vllm" / "entrypoints", package):
-        (folder / "__init__.py").write_text("")
-    (package / "main.py").write_text(_VLLM_MAIN)
-    meta = site / f"vllm-{VLLM_VERSION}.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
+def shim_files() -> dict[str, str]:
+    """The emulator under vLLM's module name and metadata, and the sitecustomize that appends the
+    real engine's site-packages (its torch): relative path -> text. The nodes' Python has them,
+    and so has the lab's container image (image_rootfs)."""
+    files = {f"{folder}/__init__.py": "" for folder in ("vllm", "vllm/entrypoints", "vllm/entrypoints/cli")}
+    files["vllm/entrypoints/cli/main.py"] = _VLLM_MAIN
+    files[f"vllm-{VLLM_VERSION}.dist-info/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
     # The shim Python has no torch, and `linktest` runs its all-gather with torch inside the
     # cluster's runtime. The one torch here is the real vLLM CPU build's environment: its
     # site-packages go last on sys.path (appended, .pth files not run), so nothing of the venv
     # or of this site dir is shadowed; without that environment nothing changes.
-    (site / "sitecustomize.py").write_text(
+    files["sitecustomize.py"] = (
         "import glob, sys\n"
         f"for _p in sorted(glob.glob({REAL_ENV_GLOB!r} % sys.version_info[:2])):\n"
         "    if _p not in sys.path:\n"
         "        sys.path.append(_p)\n")
+    return files
+
+
+def write_python(lab_root: Path) -> None:
+    site = lab_root / "site"
+    for relative, text in shim_files().items():
+        (site / relative).parent.mkdir(parents=True, exist_ok=True)
+        (site / relative).write_text(text)
     python = lab_root / "python"
     # The nodes run the lab code that made them (a checkout's, not an installed copy's).
     code = f"{site}:{Path(__file__).resolve().parents[1]}"
     python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}} "
                       f"exec {shlex.quote(sys.executable)} \"$@\"\n")
     python.chmod(0o755)
-
-
-def write_image_bin(directory: Path) -> None:
-    """What the container image holds on its PATH: python3 and ray of the lab's Python."""
-    directory.mkdir()
-    python = shlex.quote(str(directory.parent / "python"))
-    for name, body in (("python3", f'exec {python} "$@"'),
-                       ("python", f'exec {python} "$@"'),
-                       ("ray", f'exec {python} -m ray.scripts.scripts "$@"'),
-                       ("vllm", f'exec {python} -m vllm.entrypoints.cli.main "$@"')):
-        (directory / name).write_text(f"#!/bin/sh\n{body}\n")
-        (directory / name).chmod(0o755)

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from spark_cluster.core.errors import LabError
-from spark_cluster_lab import netns
-from spark_cluster_lab.layout import NodePaths
+from spark_cluster_lab import dockerd, netns
+from spark_cluster_lab.layout import LAB_ROOT, NodePaths
 from spark_cluster_lab.login_user import LOGIN_USER, LoginIds, free_ids, share_state, write_login_user
 from spark_cluster_lab.node_files import render, write_etc
 from spark_cluster_lab.node_init import BOOT_ID, DEFAULT_REBOOT_S, REBOOT_SECONDS
@@ -38,7 +38,7 @@ def keygen(path: Path, comment: str) -> None:
     )
 
 
-def _sshd_config(paths: NodePaths, lab_root: Path) -> str:
+def sshd_config(paths: NodePaths, lab_root: Path) -> str:
     return "\n".join(
         [
             "Port 22",
@@ -89,6 +89,11 @@ def code_under_tmp() -> list[Path]:
     return _code_under(Path("/tmp")) + _code_under(Path("/var/tmp"))
 
 
+def _code_under_run() -> list[Path]:
+    """The node's /run is its own too (a Spark's: Docker's socket and exec root are there)."""
+    return [p for p in _code_under(Path("/run"), depth=2) if not p.is_relative_to(LAB_ROOT)]
+
+
 def _code_under_root() -> list[Path]:
     """/root is mode 700: the login user reaches code there only through the node's own /root,
     a tmpfs it may traverse, with these directories bound at their own paths (the host's
@@ -97,7 +102,7 @@ def _code_under_root() -> list[Path]:
 
 
 def _private_mounts(paths: NodePaths) -> list[str]:
-    """What two machines never share: fresh per-node shared memory (vLLM's mp executor decides
+    """What two machines never share (besides /run, _own_run): fresh per-node shared memory (vLLM's mp executor decides
     which ranks share a machine by what they see in /dev/shm: with one /dev/shm the two nodes
     look like one machine and the head waits forever for a reader that is not there), the
     files kept across reboots, the users' runtime directories. SysV IPC and POSIX message
@@ -106,24 +111,71 @@ def _private_mounts(paths: NodePaths) -> list[str]:
     return [
         f"mount -t tmpfs -o size={SHM_SIZE},mode=1777 spark-lab-shm /dev/shm",
         f"mount --bind {q(str(paths.var_tmp))} /var/tmp",
-        "[ ! -d /run/user ] || mount -t tmpfs -o mode=0755 spark-lab-run-user /run/user",
+        "mount -t tmpfs -o mode=0755 spark-lab-run-user /run/user",
         "[ ! -d /dev/mqueue ] || mount -t mqueue spark-lab-mqueue /dev/mqueue",
     ]
 
 
+def _own_run(paths: NodePaths) -> list[str]:
+    """The node's own /run (a tmpfs, as on a Spark), with the lab's root brought back at its path
+    (the node's files, its stand-ins) and sshd's privilege-separation directory."""
+    lab_root = paths.root.parents[1]
+    q = shlex.quote
+    if not lab_root.is_relative_to("/run"):
+        return ["mount -t tmpfs -o size=64m,mode=0755 spark-lab-run /run", "mkdir -p -m 0755 /run/sshd /run/user /run/lock"]
+    # Moved aside to /mnt (in this mount namespace only) while /run is covered, then back.
+    return [f"mount --rbind {q(str(lab_root))} /mnt",
+            "mount -t tmpfs -o size=64m,mode=0755 spark-lab-run /run",
+            f"mkdir -p {q(str(lab_root))} && mount --move /mnt {q(str(lab_root))}",
+            "mkdir -p -m 0755 /run/sshd /run/user /run/lock"]
+
+
+# A Spark's /dev/infiniband: the uverbs device of each of its four RoCE functions, and rdma_cm
+# (what `docker run --device /dev/infiniband` passes into the container). Never opened in the lab.
+INFINIBAND = "/dev/infiniband"
+_IB_DEVICES = (("uverbs0", 231, 192), ("uverbs1", 231, 193), ("uverbs2", 231, 194), ("uverbs3", 231, 195),
+               ("rdma_cm", 10, 58))
+
+
+def _own_infiniband() -> list[str]:
+    """The node's /dev/infiniband, a tmpfs of its own over the directory lab.up makes here."""
+    return [f"mount -t tmpfs -o size=64k,mode=0755 spark-lab-infiniband {INFINIBAND}",
+            *(f"mknod -m 0666 {INFINIBAND}/{name} c {major} {minor}" for name, major, minor in _IB_DEVICES)]
+
+
+def _cgroups() -> list[str]:
+    """This machine's cgroup mounts again: `ip netns exec` gives the node a sysfs of its own (its
+    network devices), which hides them, and the node's Docker engine needs them."""
+    q = shlex.quote
+    lines = []
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return lines
+    for line in mountinfo:
+        head, _, tail = line.partition(" - ")
+        fields, (fstype, source, options) = head.split(), (tail.split() + ["", "", ""])[:3]
+        point = fields[4] if len(fields) > 4 else ""
+        if point == "/sys/fs/cgroup" or point.startswith("/sys/fs/cgroup/"):
+            if fstype in ("tmpfs", "cgroup", "cgroup2"):
+                lines.append(f"mkdir -p {q(point)} && mount -t {fstype} -o {q(options)} {q(source)} {q(point)}")
+    return lines
+
+
 def _boot_script(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> str:
     """What runs inside the node's new mount and UTS namespaces before its init takes over."""
-    places = code_under_tmp() + _code_under_root()
+    places = code_under_tmp() + _code_under_root() + _code_under_run()
     keep = [(src, paths.root / "keep" / str(i)) for i, src in enumerate(places)]
     for _, view in keep:
         view.mkdir(parents=True, exist_ok=True)
-    # Containers (own /root) bind them back the same way (standins.containers.own_filesystem).
-    (paths.root / "keep.json").write_text(json.dumps([[str(view), str(src)] for src, view in keep]))
     q = shlex.quote
     return "\n".join(
         [
             "set -e",
             *(f"mount --bind {q(str(src))} {q(str(view))}" for src, view in keep),
+            *_cgroups(),
+            *_own_run(paths),
+            *_own_infiniband(),
             *_own_root_and_home(paths),
             f"mount --bind {q(str(paths.bin))} /usr/local/sbin",
             # ...and on the login user's PATH (sshd gives it no sbin), where a Spark has them.
@@ -138,6 +190,13 @@ def _boot_script(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> s
             "mount -t overlay spark-lab-etc -o "
             + q(f"lowerdir=/etc,upperdir={paths.etc_upper},workdir={paths.etc_work}") + " /etc",
             f"mount --bind {q(str(paths.tmp))} /tmp",
+            # A fresh node's own /etc/netplan (node_fresh.py), never this machine's files.
+            *([f"mkdir -p /etc/netplan && mount --bind {q(str(paths.root / 'netplan'))} /etc/netplan"]
+              if (paths.root / "netplan").is_dir() else []),
+            # The node's own state of spark-cluster (init's journals), never this machine's or
+            # another node's: a journal's name is the run's, the same on every node.
+            f"mkdir -p {q(str(paths.root / 'var-lib-spark-cluster'))} /var/lib/spark-cluster",
+            f"mount --bind {q(str(paths.root / 'var-lib-spark-cluster'))} /var/lib/spark-cluster",
             *_private_mounts(paths),
             *(f"mkdir -p {q(str(src))} && mount --bind {q(str(view))} {q(str(src))}"
               for src, view in keep),
@@ -176,7 +235,9 @@ def _login_home(paths: NodePaths, cache_size: str = CACHE_SIZE) -> list[str]:
 
 
 def prepare_node(name: str, index: int, lab_root: Path, ids: LoginIds | None = None,
-                  password_hash: str = "*", reboot_s: float = DEFAULT_REBOOT_S) -> NodePaths:
+                  password_hash: str = "*", reboot_s: float = DEFAULT_REBOOT_S,
+                  docker_root: Path | None = None) -> NodePaths:
+    """The node's files; with `docker_root`, the data root of the Docker engine its init starts."""
     paths = NodePaths.for_node(name, lab_root)
     for directory in (paths.root, paths.bin, paths.proc_driver, paths.etc_upper,
                       paths.etc_work, paths.tmp, paths.var_tmp, paths.ssh, paths.log):
@@ -189,17 +250,15 @@ def prepare_node(name: str, index: int, lab_root: Path, ids: LoginIds | None = N
     (paths.root / "var-log-apt").mkdir(parents=True, exist_ok=True)
     (paths.root / "var-log-apt" / "history.log").write_text("")
     state = healthy_state(name, index)
-    for image in state["docker"]["images"].values():
-        # The vLLM image's PATH, where its python3 and ray are (the lab's Python stands in).
-        image["env"] = {"PATH": f"{lab_root / 'image-bin'}:/usr/local/sbin:/usr/local/bin:"
-                                "/usr/sbin:/usr/bin:/sbin:/bin"}
     save_state(paths.state, state)
     render(state, paths)
     write_etc(state, paths)
     write_wrappers(paths, sys.executable)
     keygen(paths.ssh / "ssh_host_ed25519_key", f"root@{name}")
-    (paths.ssh / "sshd_config").write_text(_sshd_config(paths, lab_root))
+    (paths.ssh / "sshd_config").write_text(sshd_config(paths, lab_root))
     _prepare_boot(paths, reboot_s)
+    if docker_root is not None:
+        dockerd.write_service(paths.root, name, docker_root)
     ids = ids or free_ids()
     write_login_user(name, paths, ids, password_hash)
     share_state(paths, ids)
@@ -220,7 +279,6 @@ def start_sshd(name: str, paths: NodePaths, cache_size: str = CACHE_SIZE) -> tup
     Its own PID namespace (with its own /proc) makes `ps` on a node show that node's
     processes only, as on a real Spark, and ends them all when sshd stops.
     """
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
     log = (paths.log / "sshd.log").open("ab")
     proc = subprocess.Popen(
         ["ip", "netns", "exec", netns.namespace(name),

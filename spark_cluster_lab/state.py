@@ -18,7 +18,6 @@ Top-level keys:
     archive        what `apt-get` can install: name -> [records, oldest first]
     memory         /proc/meminfo baseline plus named consumers (consumers.py; the vLLM
                    emulator's ranks record themselves there, see node_memory)
-    docker         images by reference, containers by name
     net            MACs of the node's interfaces (for the lab)
     clock          {"offset_s": seconds the node's clock is ahead}
     secure_boot    {"enabled": bool}
@@ -48,9 +47,6 @@ if TYPE_CHECKING:  # kept out of the stand-ins' start-up: they import this modul
 
     from spark_cluster_lab.layout import NodePaths
 
-VLLM_IMAGE = "nvcr.io/nvidia/vllm:26.05-py3"
-
-
 def _hex(seed: str, n: int) -> str:
     import hashlib
 
@@ -66,10 +62,7 @@ def _gpu_uuid(index: int) -> str:
 
 def healthy_state(hostname: str, index: int) -> dict[str, Any]:
     """A healthy Spark on DGX OS 7.5.0, kernel 6.17.0-1014-nvidia, driver 580.142."""
-    import hashlib
-
     mac = lambda last: f"4c:bb:47:2f:{0x91 + index:02x}:{last:02x}"  # noqa: E731
-    image_id = "sha256:" + hashlib.sha256(VLLM_IMAGE.encode()).hexdigest()
     return {
         "identity": {
             "hostname": hostname, "index": index, "arch": "aarch64",
@@ -101,13 +94,6 @@ def healthy_state(hostname: str, index: int) -> dict[str, Any]:
             "buffers_kib": 121344, "cached_kib": 2098652, "sreclaimable_kib": 296586, "shmem_kib": 5427,
             "swap_total_kib": 15728636, "swap_free_kib": 15728636,
             "consumers": {},
-        },
-        "docker": {
-            "images": {VLLM_IMAGE: {"id": image_id, "created": "2026-05-27T18:32:11.482915733Z",
-                                    "size": 21474836480, "cmd": ["/bin/bash"],
-                                    "entrypoint": ["/opt/nvidia/nvidia_entrypoint.sh"],
-                                    "workdir": "/workspace"}},
-            "containers": {},
         },
         "net": {"interfaces": {"enP7s7": mac(0x11), "enp1s0f0np0": mac(0x12), "enp1s0f1np1": mac(0x13),
                                "enP2p1s0f0np0": mac(0x16), "enP2p1s0f1np1": mac(0x17)}},

@@ -76,6 +76,7 @@ import os
 import select
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,15 @@ class LocalRanks:
 
     def done(self) -> bool:
         return not any(t.is_alive() for t in self.threads)
+
+    def settle(self, within_s: float = 5.0) -> None:
+        """Let the call in flight end (a rank's error, or every rank done), `within_s` at most: a
+        collective that failed on another node fails on these ranks too, and each logs its
+        exception in its own process whatever the executor does, so a loaded machine that ran the
+        other side first must not skip these ranks' lines."""
+        end = time.monotonic() + within_s
+        while not (self.errors or self.done()) and time.monotonic() < end:
+            time.sleep(0.05)
 
     def release(self) -> None:
         for w in self.workers:

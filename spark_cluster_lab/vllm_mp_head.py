@@ -24,8 +24,13 @@ from spark_cluster_lab.vllm_mp import (
 )
 
 
-PING_EVERY_S = 0.25
-STALL_AFTER_S = 2.0  # no answer to a ping this long: the node's ranks are stuck, every step waits on them
+PING_EVERY_S = 0.05
+# No answer to a ping this long: the node's ranks are stuck, every step waits on them. A real rank
+# frozen stops the very next step; at 2 s the emulator ran steps for 2 s after the freeze (the
+# fault matrix saw a frozen rank's stream step on, and a 16-token request sent after the freeze
+# served in full; at 0.75 s that request still was). A pong a loaded machine delays past it only
+# slows a step: a hang is no step for --hang-after seconds.
+STALL_AFTER_S = 0.25
 
 
 class _Remote:
@@ -159,6 +164,7 @@ class MpExecutor:
                         if init:  # the rank's WorkerProc died: its node's log has the traceback
                             self._died_line(int(msg.get("rank", r.ranks[0])))
                             raise vl.EngineFailed(_init_failed())
+                        self.ranks.settle()  # the remote's word may come before our ranks' own
                         raise vl.EngineFailed(_worker_failed(msg.get("error", "")))
             if not self.remotes:
                 time.sleep(0.05)
@@ -204,7 +210,7 @@ class MpExecutor:
                 for r in list(self.remotes.values()):
                     r.channel.send({"op": "ping"})
             for r in list(self.remotes.values()):
-                msgs = r.channel.poll(0.2 / max(1, len(self.remotes)))
+                msgs = r.channel.poll(PING_EVERY_S / max(1, len(self.remotes)))
                 if any(m.get("op") == "pong" for m in msgs or ()):
                     r.answered = time.monotonic()
                 if msgs is None and not self.closing:

@@ -97,6 +97,8 @@ def _serve_head(args: argparse.Namespace, channel: Channel, ranks: LocalRanks, m
                 if ok:
                     vl.log("INFO", f"{WHERE_MP}:745", f"The head node at {head} stopped the engine.")
                 else:
+                    if method is not None:  # the head's failure may come before our ranks' own
+                        ranks.settle()
                     vl.log("ERROR", f"{WHERE_MP}:745", f"The head node at {head} shut the engine down after "
                             "a failure.")
                 ranks.log_all("INFO", f"{WHERE_MP}:760", "WorkerProc shutting down.")

@@ -12,8 +12,9 @@ from spark_cluster_lab.layout import NodePaths
 
 TOOLS: tuple[str, ...] = (
     "nvidia-smi", "uname", "lsmod", "modinfo", "modprobe", "rmmod", "dpkg-query", "dpkg",
-    "apt-get", "apt", "ibdev2netdev", "docker", "date", "reboot", "journalctl", "dmesg", "rdma",
-    "apt-mark", "apt-cache", "grub-editenv", "grub-set-default", "update-grub",
+    "apt-get", "apt", "ibdev2netdev", "date", "reboot", "journalctl", "dmesg", "rdma",
+    "apt-mark", "apt-cache", "grub-editenv", "grub-set-default", "update-grub", "nvidia-container-runtime-hook",
+    "runc",
 )
 
 _WRAPPER = """#!{python} -IS
@@ -29,10 +30,15 @@ def write_wrappers(paths: NodePaths, python: str = sys.executable) -> None:
 
     `-IS` (not `-I -S`): the kernel passes everything after the interpreter as one argument.
     """
-    pkg_parent = str(Path(__file__).resolve().parents[1])
     paths.bin.mkdir(parents=True, exist_ok=True)
     for tool in TOOLS:
-        target = paths.bin / tool
-        target.write_text(_WRAPPER.format(python=python, pkg_parent=pkg_parent, tool=tool, root=str(paths.root)))
-        target.chmod(0o755)
+        write_wrapper(paths, tool, python)
     write_hog(paths, python)
+
+
+def write_wrapper(paths: NodePaths, tool: str, python: str = sys.executable) -> None:
+    """The executable of one stand-in (a tool of standins._ENTRY) in the node's bin."""
+    pkg_parent = str(Path(__file__).resolve().parents[1])
+    target = paths.bin / tool
+    target.write_text(_WRAPPER.format(python=python, pkg_parent=pkg_parent, tool=tool, root=str(paths.root)))
+    target.chmod(0o755)

@@ -58,7 +58,7 @@ def is_heavy(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The unit layer shuffled by module, then by test within each; the lab layer after it in
-    the files' order, the tests on a lab of more than two nodes last (each replaces the lab). A
+    the files' order, the tests on a fresh lab or one of more than two nodes last (each replaces the lab). A
     module with any heavy test is wholly in the lab layer: its module-wide fixtures are made once."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -74,7 +74,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for name in unit:
             rng.shuffle(modules[name])
     lab = [item for name in modules if name in heavy for item in modules[name]]
-    lab.sort(key=labs.nodes_wanted)  # stable: the files' order within each size
+    lab.sort(key=labs.lab_order)  # stable: the files' order within each size, a fresh lab's after
     items[:] = [item for name in unit for item in modules[name]] + lab
 
 
@@ -129,6 +129,12 @@ def sim_inventory(lab_pool: labs.Pool) -> Path:
 def real_inventory(lab_pool: labs.Pool) -> Path:
     """The same two-node lab with the real engine's inventory (skipped where it cannot run)."""
     return lab_pool.restored("real")
+
+
+@pytest.fixture
+def no_lab(lab_pool: labs.Pool) -> None:
+    """No lab up: for a test of `lab up` itself (such tests run first in the lab layer)."""
+    lab_pool.cleared()
 
 
 @pytest.fixture

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,3 +32,53 @@ def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> 
 def on_node(inventory: Path, node: str, command: str) -> subprocess.CompletedProcess[str]:
     """One shell line on one node, through `spark-cluster exec`."""
     return cli("exec", str(inventory), "--node", node, "--", command, timeout=60)
+
+
+def chosen_state(node: str) -> dict:
+    """A lab node's state as what was done to it decides it: less the memory its own processes
+    hold, which its init measures and writes as they grow (a hog still filling its pages)."""
+    import json
+
+    from spark_cluster_lab.layout import NodePaths
+
+    state = json.loads(NodePaths.for_node(node).state.read_text())
+    state.get("memory", {}).pop("processes_kib", None)
+    return state
+
+
+class Supervise:
+    """`spark-cluster supervise --json` in the background; its lines read as they come."""
+
+    def __init__(self, inventory: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", "supervise", str(inventory), "--json",
+                                      *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        self.events: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.events.append(json.loads(line))
+            except json.JSONDecodeError:
+                self.events.append({"event": "unparsed", "line": line})
+
+    def wait_for(self, predicate: Callable[[dict], bool], timeout: float, after: int = 0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events[after:]:
+                if predicate(event):
+                    return event
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.5)
+        stderr = self.proc.stderr.read() if self.proc.poll() is not None and self.proc.stderr else ""
+        raise AssertionError(f"not seen in {timeout} s; events: {self.events[after:]}; stderr: {stderr}")
+
+    def terminate(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        self._reader.join(timeout=10)
+        return code

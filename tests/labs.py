@@ -4,8 +4,9 @@ fault, nothing of the cluster running, each node's reboot at the lab's pace, the
 identical on both nodes. The emulator's and the real engine's inventories are two views of the
 same lab (the lab puts both engines on every node).
 
-A test on more nodes asks for a lab of its size in place of this one; those tests run last. The
-lab is brought down at the end only if this session started it: a lab someone else started is
+A test on more nodes, or on fresh nodes (`lab up --fresh`, for `init`), asks for such a lab in place
+of this one; those tests run last (fresh before bigger), and a module after them gets the two-node
+lab back, brought up anew. The lab is brought down at the end only if this session started it: a lab someone else started is
 healed and left up, never torn down, and a test that would have to replace it is skipped.
 """
 
@@ -33,9 +34,25 @@ PROBE = (
 
 
 def nodes_wanted(item: pytest.Item) -> int:
-    """How many nodes the lab of a test has: two, unless it is marked `lab_nodes(n)`."""
+    """How many nodes the lab of a test has: two, unless it is marked `lab_nodes(n)`; none for a
+    test of `lab up` itself (fixture `no_lab`), which runs first, before the session's is up."""
+    if "no_lab" in getattr(item, "fixturenames", ()):
+        return 0
     marker = item.get_closest_marker("lab_nodes")
     return marker.args[0] if marker else 2
+
+
+def _images_back(lab) -> None:  # noqa: ANN001 - a spark_cluster_lab.lab.Lab
+    """The lab's images on every node's engine again, as `lab up` left them: a test may `docker rmi`
+    one (the lab has no registry to pull it back from), and the next module's container runs need it."""
+    from spark_cluster_lab import lab as simlab
+
+    simlab.node_images(lab)
+
+
+def lab_order(item: pytest.Item) -> tuple[int, bool]:
+    """Where a lab test runs: by its lab's size, a fresh lab's after the set-up one of its size."""
+    return nodes_wanted(item), item.get_closest_marker("lab_fresh") is not None
 
 
 def leftovers() -> list[str]:
@@ -69,10 +86,10 @@ class Pool:
         from spark_cluster_lab import lab as simlab
 
         current = simlab.load_lab()
-        if current is not None and len(current.nodes) != 2:
+        if current is not None and (len(current.nodes) != 2 or current.nodes[0].fresh):
             if not self.created:
-                pytest.skip(f"a lab of {len(current.nodes)} nodes that this session did not start is up "
-                            "(`spark-cluster lab down` first)")
+                pytest.skip(f"a {'fresh ' if current.nodes[0].fresh else ''}lab of {len(current.nodes)} nodes "
+                            "that this session did not start is up (`spark-cluster lab down` first)")
             self._down()
         began = time.monotonic()
         try:
@@ -129,6 +146,7 @@ class Pool:
         COUNTS["restore"] += 1
         for node in lab.nodes:
             heal_node(lab, node.name)
+        _images_back(lab)
         simlab.set_reboot_seconds(lab, REBOOT_S)
         inventory = self.inventories["emulator"]
         deadline = time.monotonic() + REBOOT_S + 40  # a node the last test rebooted comes back first
@@ -172,25 +190,43 @@ class Pool:
         for name in ("spark-a", "spark-b"):  # a copy of the weights a killed `up` left at either end
             cli("exec", str(inventory), "--node", name, "--", "pkill -f '[s]park-sync[.]' || true", timeout=60)
 
-    def replace(self, count: int):  # noqa: ANN201 - (Lab, list[str], Path)
+    def replace(self, count: int, fresh: bool = False):  # noqa: ANN201 - (Lab, list[str], Path | None)
         """A lab of `count` nodes in place of the one up: returns it, what bringing the last one
-        down left behind (nothing, or a defect of `lab down`), and its emulator inventory."""
+        down left behind (nothing, or a defect of `lab down`), and its emulator inventory (none
+        for a `fresh` lab: `init` writes it)."""
         from spark_cluster_lab import lab as simlab
         from spark_cluster_lab.lab_inventory import write_inventory
 
         current = simlab.load_lab()
         if current is not None and not self.created:
-            pytest.skip(f"a lab of {count} nodes would replace one that this session did not start")
+            pytest.skip(f"a {'fresh ' if fresh else ''}lab of {count} nodes would replace one that this "
+                        "session did not start")
         left = self._down() if current is not None else []
         began = time.monotonic()
-        lab, created = simlab.up(count, reboot_s=REBOOT_S)
+        lab, created = simlab.up(count, reboot_s=REBOOT_S, fresh=fresh)
         COUNTS["lab up"] += created
         COUNTS["lab up, seconds"] += round(time.monotonic() - began)
         self.created = True
+        self.inventories = {}
+        if fresh:
+            return lab, left, None
         inventory = self.base / f"{count}-emulator.yaml"
         write_inventory(inventory, lab.root, [node.name for node in lab.nodes], "emulator")
         self.inventories = {}
         return lab, left, inventory
+
+    def cleared(self) -> None:
+        """No lab up, for a test that brings up its own (`lab up` itself under test): one this
+        session started is brought down (the next module's is made anew); someone else's skips."""
+        from spark_cluster_lab import lab as simlab
+
+        if simlab.load_lab() is None:
+            return
+        if not self.created:
+            pytest.skip("a lab that this session did not start is up (`spark-cluster lab down` first)")
+        left = self._down()
+        self.inventories = {}
+        assert left == [], left
 
     def _down(self) -> list[str]:
         """What this session started stopped, the lab brought down; what is left of it."""

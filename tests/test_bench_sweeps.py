@@ -169,3 +169,19 @@ def test_the_view_shows_the_run_and_is_silent_for_json(monkeypatch: pytest.Monke
     bench_saved(run, [Path("o/x.png")])
     assert "tok/s: aggregate" in out.getvalue() and "wrote o/bench.json, o/x.png" in out.getvalue()
     assert "compare: nothing measured here was measured in old" in out.getvalue()
+
+
+def test_the_kv_cache_sampler_reads_the_gauge_alone_from_a_whole_page() -> None:
+    """What the rate run's sampler reads from vLLM's page (every series the engine publishes, the
+    histograms' buckets included) is what the full parse gives; a page without it gives none."""
+    from spark_cluster.ops.bench_sweeps import kv_cache_usage
+    from spark_cluster.ops.health import parse_metrics
+    from spark_cluster_lab.vllm_metrics import Metrics
+
+    metrics = Metrics("spark-lab/tiny-moe", 4096)
+    metrics.kv_usage.set(0.375)
+    metrics.running.set(3)
+    page = metrics.render().decode()
+    assert page.count("\n") > 100
+    assert kv_cache_usage(page) == parse_metrics(page)["kv_cache_usage"] == 0.375
+    assert kv_cache_usage(page.replace("vllm:kv_cache_usage_perc", "vllm:other_gauge")) is None

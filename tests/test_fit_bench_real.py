@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -76,26 +77,39 @@ def test_vllm_bench_serve_and_spark_cluster_bench_agree_on_output_tok_s(real: Pa
         assert ours.returncode == 0, ours.stdout + ours.stderr
         return json.loads(ours.stdout)["levels"][0]
 
-    # Ours before and after theirs: on a machine shared with other work one run of two requests
-    # drifts by 10 % or more (178 against 156 tok/s once), so theirs is held to the mean of the two.
-    level = our_level()
-    prompt_tokens = round(level["avg_prompt_tokens"])
-    theirs = on_head(real, (
-        f"HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu {engine.real_python()} -m vllm.entrypoints.cli.main bench serve "
-        f"--backend openai-chat --base-url {HEAD} --endpoint /v1/chat/completions --model {MODEL} "
-        f"--tokenizer {SNAPSHOT} --dataset-name random --random-input-len {prompt_tokens} "
-        "--random-output-len 128 --random-range-ratio 0 --ignore-eos --num-prompts 2 --max-concurrency 2 "
-        "--request-rate inf --temperature 0"), timeout=400)
-    assert theirs.returncode == 0, theirs.stdout[-3000:] + theirs.stderr[-3000:]
-    match = re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", theirs.stdout)
-    assert match, theirs.stdout[-3000:]
-    vllm_tok_s = float(match.group(1))
-    after = our_level()
-    ours_tok_s = (level["aggregate_tok_s"] + after["aggregate_tok_s"]) / 2
-    print(f"output tok/s at concurrency 2: spark-cluster bench {level['aggregate_tok_s']} and "
-          f"{after['aggregate_tok_s']} (mean {ours_tok_s:.2f}), vllm bench serve {vllm_tok_s}")
-    # Two clients of one server, each run of two requests drifting 10 % on a shared machine: the
-    # target is 10 %, and only a disagreement past 25 % (a miscount, not noise) fails.
+    def their_tok_s(prompt_tokens: int) -> float:
+        theirs = on_head(real, (
+            f"HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu {engine.real_python()} -m vllm.entrypoints.cli.main bench serve "
+            f"--backend openai-chat --base-url {HEAD} --endpoint /v1/chat/completions --model {MODEL} "
+            f"--tokenizer {SNAPSHOT} --dataset-name random --random-input-len {prompt_tokens} "
+            "--random-output-len 128 --random-range-ratio 0 --ignore-eos --num-prompts 2 --max-concurrency 2 "
+            "--request-rate inf --temperature 0"), timeout=400)
+        assert theirs.returncode == 0, theirs.stdout[-3000:] + theirs.stderr[-3000:]
+        generated = re.search(r"Total generated tokens:\s+(\d+)", theirs.stdout)
+        assert generated and int(generated.group(1)) == 256, theirs.stdout[-3000:]
+        match = re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", theirs.stdout)
+        assert match, theirs.stdout[-3000:]
+        return float(match.group(1))
+
+    # One run of two requests drifts by 30 % on this shared machine (89 against 68 tok/s for two
+    # of ours in a row once), so three rounds, the order swapped each, and the medians compared.
+    mine: list[float] = []
+    theirs_: list[float] = []
+    prompt_tokens = 0
+    for order in (("ours", "vllm"), ("vllm", "ours"), ("ours", "vllm")):
+        for who in order:
+            if who == "ours":
+                level = our_level()
+                assert level["avg_completion_tokens"] == 128, level  # counted as the server counted them
+                prompt_tokens = round(level["avg_prompt_tokens"])
+                mine.append(level["aggregate_tok_s"])
+            else:
+                theirs_.append(their_tok_s(prompt_tokens))
+    ours_tok_s, vllm_tok_s = statistics.median(mine), statistics.median(theirs_)
+    print(f"output tok/s at concurrency 2: spark-cluster bench {mine} (median {ours_tok_s:.2f}), "
+          f"vllm bench serve {theirs_} (median {vllm_tok_s:.2f})")
+    # Two clients of one server on a shared machine: the target is 10 %, and only a disagreement
+    # of the medians past 25 % (a miscount, not noise) fails.
     ratio = ours_tok_s / vllm_tok_s
     figure("output tok/s at c=2, spark-cluster bench / vllm bench serve", ratio, "x", "1 ± 0.10; fails past ± 0.25",
            abs(ratio - 1) <= 0.25)

@@ -97,7 +97,7 @@ def test_lab_example_loads_with_the_documented_values() -> None:
     assert inv.path == LAB
     assert inv.cluster.name == "lab"
     assert inv.cluster.runtime == "container"
-    assert inv.cluster.image == "nvcr.io/nvidia/vllm:26.05-py3"
+    assert inv.cluster.image == "nvcr.io/nvidia/vllm:26.04-py3"
     assert inv.cluster.executor == "ray" and inv.cluster.ray_port == 6379
     assert inv.cluster.ssh.host_key_policy == "strict"
     assert inv.head.name == "spark-a" and [w.name for w in inv.workers] == ["spark-b"]

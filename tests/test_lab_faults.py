@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_registered_fault_is_well_defined() -> None:
     assert check(list(FAULTS.values())) == []
-    assert len(FAULTS) == 22
+    assert len(FAULTS) == 26
 
 
 def _fault(**change: Any) -> Fault:
@@ -89,6 +89,7 @@ class _Node:
 
     def __init__(self, paths: NodePaths) -> None:
         self.name, self.index, self.sshd_pid, self.paths = "spark-a", 0, os.getpid(), paths
+        self.fresh = False
 
 
 class _Lab:

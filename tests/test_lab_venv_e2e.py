@@ -1,6 +1,10 @@
 """`lab up` from a virtualenv under /var/tmp, which each node has its own of: the nodes run it,
 it outlives a node's reboot (which empties the node's /tmp, never what is bound into it), and a
-virtualenv the nodes' login user may not read is refused by `lab up` with the reason."""
+virtualenv the nodes' login user may not read is refused by `lab up` with the reason.
+
+`lab up` itself is under test, so no session lab may be up (fixture `no_lab`: these tests run
+first in the lab layer, before the session's lab is made); the lab made here is brought down
+with `lab down`, as a user would, and nothing of it may be left."""
 
 from __future__ import annotations
 
@@ -15,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labs import leftovers
 from lab_cli import LAB_MARKS, REPO, cli, on_node
 
 from spark_cluster_lab import lab as simlab
 
-pytestmark = LAB_MARKS
+pytestmark = [*LAB_MARKS, pytest.mark.usefixtures("no_lab")]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +55,14 @@ def prefix_on(inventory: Path, node: str) -> str:
     return done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stdout + done.stderr
 
 
+def boot_id(inventory: Path) -> str | None:
+    """spark-b's boot id (exec's last line: its first is exec's own header), None while it does
+    not answer."""
+    done = on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id")
+    return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
+
+
 def test_a_venv_the_login_user_cannot_read_is_refused_with_the_reason(venv: Path, tmp_path: Path) -> None:
-    simlab.down()
     os.chmod(venv, 0o700)
     try:
         done = lab_up(venv, tmp_path / "sim.yaml")
@@ -69,13 +80,15 @@ def test_a_venv_under_var_tmp_runs_on_every_node_and_outlives_a_reboot(venv: Pat
         done = lab_up(venv, inventory)
         assert done.returncode == 0, done.stdout + done.stderr
         assert prefix_on(inventory, "spark-a") == prefix_on(inventory, "spark-b") == str(venv)
-        booted = on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id").stdout
+        booted = boot_id(inventory)
+        assert booted
         assert cli("lab", "break", "spark-b", "node-reboot").returncode == 0
         deadline = time.monotonic() + 60
-        while on_node(inventory, "spark-b", "cat /proc/sys/kernel/random/boot_id").stdout in ("", booted):
+        while boot_id(inventory) in (None, booted):  # down, its sshd refusing, or not rebooted yet
             assert time.monotonic() < deadline, "spark-b did not come back from its reboot"
             time.sleep(1)
         assert (venv / "marker").read_text() == "kept\n"  # the reboot emptied the node's /tmp, not this
         assert prefix_on(inventory, "spark-b") == str(venv)
     finally:
-        assert simlab.down() == []
+        down = cli("lab", "down")
+        assert down.returncode == 0 and leftovers() == [], down.stdout + down.stderr + str(leftovers())

@@ -202,3 +202,19 @@ def test_the_failed_node_is_the_evidence_line_s_when_a_rank_printed_it() -> None
     engine = "(EngineCore pid=5) ValueError: No available memory for the cache blocks."
     assert failing_node(text, NODES, engine, "spark-a") == "spark-b"  # the first remote error line
     assert failing_node([], NODES, engine, "spark-a") is None
+
+
+def test_a_worker_the_raylet_says_died_names_its_node() -> None:
+    """Real Ray 2.x's raylet line on a rank's process gone (SIGKILL of RayWorkerProc on spark-b,
+    lab, 2026-11-27), which can reach the log before the driver's ActorDiedError and be its
+    first error line."""
+    from spark_cluster.ops.follow import failing_node
+
+    raylet = ("(raylet) A worker died or was killed while executing a task by an unexpected system error. To "
+              "troubleshoot the problem, check the logs for the dead worker. Lease ID: 0200 Worker ID: 0c35 "
+              "Node ID: 9d0b Worker IP address: 192.168.100.11 Worker port: 12333 Worker PID: 379 Worker exit "
+              "type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2.")
+    engine = "(EngineCore pid=5) ERROR 11-27 16:57:01 [core.py:1] EngineCore failed to start."
+    assert failing_node([engine, raylet], NODES, raylet, "spark-a") == "spark-b"
+    assert failing_node([engine, raylet], NODES, engine, "spark-a") == "spark-b"
+    assert failing_node([engine], NODES, raylet.replace("192.168.100.11", "10.0.0.9"), "spark-a") is None

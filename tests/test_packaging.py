@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO
+from lab_cli import LAB_MARKS, REPO, chosen_state
 
 # `pip wheel` with build isolation fetches the build requirements; the user's install, the dependencies.
 pytestmark = pytest.mark.network
@@ -94,7 +94,6 @@ def _ids(home: Path) -> tuple[int, int]:
 def test_a_non_root_user_installs_the_wheel_and_plans_a_repair_with_it(wheel: Path, user: Path) -> None:
     from spark_cluster_lab import lab as simlab
     from spark_cluster_lab.breakage import break_node, heal_node
-    from spark_cluster_lab.layout import NodePaths
 
     home = user
     # The wheel and what it needs, side by side: root's pip fetches the dependencies (its cache
@@ -143,12 +142,12 @@ def test_a_non_root_user_installs_the_wheel_and_plans_a_repair_with_it(wheel: Pa
     assert lab_ is not None
     break_node(lab_, "spark-b", "memory-hog")
     try:
-        state = NodePaths.for_node("spark-b").state.read_bytes()
+        state = chosen_state("spark-b")
         planned = _as_user(home, tool, "fix", str(inventory), "--dry-run", timeout=180)
         assert planned.returncode == 0, planned.stdout + planned.stderr
         # The playbook comes from the installed package's data: the plan names it and its steps.
         assert "spark-b  stop-competing-servers" in planned.stdout, planned.stdout
-        assert NodePaths.for_node("spark-b").state.read_bytes() == state  # a dry run changes nothing
+        assert chosen_state("spark-b") == state  # a dry run changes nothing
     finally:
         heal_node(lab_, "spark-b")
 

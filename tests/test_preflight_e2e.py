@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REBOOT_S, cli, on_node
+from lab_cli import LAB_MARKS, REBOOT_S, chosen_state, cli, on_node
 
 from spark_cluster_lab import lab as simlab
 from spark_cluster_lab.breakage import break_node, heal_node
-from spark_cluster_lab.layout import NodePaths
 
 pytestmark = LAB_MARKS
 
@@ -129,7 +128,7 @@ def test_dry_run_changes_nothing(healthy) -> None:
     lab_, inventory = healthy
     break_node(lab_, "spark-b", "kernel-update")
     break_node(lab_, "spark-a", "memory-hog")
-    states = {n.name: NodePaths.for_node(n.name).state.read_bytes() for n in lab_.nodes}
+    states = {n.name: chosen_state(n.name) for n in lab_.nodes}
     done = cli("fix", str(inventory), "--dry-run")
     assert done.returncode == 0, done.stderr
     # It says exactly what would run, on which node...
@@ -137,7 +136,7 @@ def test_dry_run_changes_nothing(healthy) -> None:
             "linux-modules-nvidia-580-open-6.17.0-1018-nvidia") in done.stdout
     assert "spark-b  driver-repair" in done.stdout and "spark-a  stop-competing-servers" in done.stdout
     # ...and changes nothing anywhere.
-    assert {n.name: NodePaths.for_node(n.name).state.read_bytes() for n in lab_.nodes} == states
+    assert {n.name: chosen_state(n.name) for n in lab_.nodes} == states
     code, report = check(inventory)
     assert sorted(blockers(report)) == [("spark-a", "memory.competing-process"),
                                        ("spark-b", "driver.modules-missing")]

@@ -54,7 +54,7 @@ def test_container_runtime_runs_the_image_with_the_node_env() -> None:
     for flag in ("--gpus", "--ipc", "--shm-size", "--device"):
         assert flag in words
     assert "VLLM_HOST_IP=192.168.100.10" in words
-    assert words[-3:-1] == ["nvcr.io/nvidia/vllm:26.05-py3", "-c"] and words[-1].endswith(head.start)
+    assert words[-3:-1] == ["nvcr.io/nvidia/vllm:26.04-py3", "-c"] and words[-1].endswith(head.start)
     # vLLM in the container reads its non-carry-over list from the container's own home.
     assert '"$HOME/.config/vllm/ray_non_carry_over_env_vars.json"' in words[-1]
     assert '"VLLM_API_KEY"' in words[-1] and '"VLLM_HOST_IP"' in words[-1]
@@ -92,7 +92,7 @@ def test_mp_plan_starts_workers_first_headless() -> None:
 
 def test_install_ray_installs_the_pinned_ray_in_the_container() -> None:
     text = (REPO / "inventories" / "lab.yaml").read_text()
-    # lab.yaml's image (NGC 26.05) ships without Ray, so lab.yaml asks for it to be installed.
+    # lab.yaml's image (NGC 26.04) ships without Ray, so lab.yaml asks for it to be installed.
     inv = parse_inventory(text, "lab.yaml")
     assert inv.cluster.install_ray is True
     start = plan(inv)[0].start

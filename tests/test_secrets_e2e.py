@@ -71,10 +71,11 @@ def test_no_secret_in_state_files_logs_ps_docker_inspect_or_json(lab: Path, tmp_
         inspect = cli("exec", str(inventory), "--node", node, "--", "docker inspect spark-cluster-sim")
         assert "HF_TOKEN=" not in inspect.stdout and "SPARK_CLUSTER_SECRETS_FILE=" in inspect.stdout
         assert "RAY_AUTH_TOKEN_PATH=/home/nvidia/.cache/spark-cluster/sim/ray_auth_token" in inspect.stdout
-    # Ray's processes in the container did get the token (from the file they removed).
+    # Ray's processes in the container did get the token (from the file they removed). They are
+    # root's, as a real engine runs them on a Spark: their environment is read with sudo.
     env_of_ray = cli("exec", str(inventory), "--node", "spark-b", "--",
                      f't={TOKEN_HEAD}; t="$t"{TOKEN_TAIL}; for e in /proc/[0-9]*/environ; do '
-                     'tr "\\0" "\\n" < $e 2>/dev/null | grep -qxF "HF_TOKEN=$t" && '
+                     'sudo -n cat $e 2>/dev/null | tr "\\0" "\\n" | grep -qxF "HF_TOKEN=$t" && '
                      'tr "\\0" " " < ${e%environ}cmdline && echo && break; done; echo end')
     assert "ray" in env_of_ray.stdout.split("\n", 1)[1], env_of_ray.stdout
     local = Path.home() / ".spark-cluster"
@@ -92,11 +93,11 @@ def test_image_missing_on_one_node_is_found_and_pulled_as_a_step(lab: Path, tmp_
     assert checked.returncode == 1, checked.stdout + checked.stderr
     found = [(f["node"], f["id"]) for f in json.loads(checked.stdout)["findings"] if f["severity"] == "blocker"]
     assert found == [("spark-b", "runtime.image-missing")]
-    # `up` pulls it on spark-b as its own step; the lab has no registry, so docker's reason ends it.
+    # `up` pulls it on spark-b as its own step; the lab reaches no registry, so docker's reason ends it.
     up = cli("up", str(inventory), env={"SPARK_LAB_API_KEY": KEY_HEAD + KEY_TAIL})
     assert up.returncode == 1
     assert f"[1] pull  {IMAGE} on spark-b (not there yet)" in up.stdout
-    assert f"error: spark-b: docker pull {IMAGE} failed: " in up.stderr and "server misbehaving" in up.stderr
+    assert f"error: spark-b: docker pull {IMAGE} failed: " in up.stderr and 'Get "https://nvcr.io/v2/"' in up.stderr
     assert "Traceback" not in up.stderr and "[2] ray" not in up.stdout
 
 

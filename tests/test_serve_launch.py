@@ -35,8 +35,9 @@ def test_the_key_reaches_the_process_through_stdin_and_nowhere_else(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARK_API_KEY", KEY)
     # The process reports its own environment and the command line of every process of its session.
+    # It outlives the launcher's record of it (a process already gone has no start time to record).
     script = ('echo "key=$VLLM_API_KEY mark=$MARK"; '
-              'for p in $(pgrep -s 0); do tr "\\0" " " < /proc/$p/cmdline; echo; done; echo done')
+              'for p in $(pgrep -s 0); do tr "\\0" " " < /proc/$p/cmdline; echo; done; echo done; sleep 2')
     cmd = command(tmp_path, script, {"VLLM_API_KEY": "SPARK_API_KEY"})
     line = start_command(cmd)
     assert KEY not in line and "SPARK_API_KEY" not in line

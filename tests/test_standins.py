@@ -7,6 +7,7 @@ exit codes; then breaks the node and repairs it through the same tools.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ from spark_cluster_lab.consumers import add_consumer
 from spark_cluster_lab.faults import apply_fault
 from spark_cluster_lab.layout import NodePaths
 from spark_cluster_lab.node_files import render
-from spark_cluster_lab.state import VLLM_IMAGE, healthy_state, load_state, locked_state, save_state
+from spark_cluster_lab.state import healthy_state, load_state, locked_state, save_state
 from spark_cluster_lab.wrappers import write_wrappers
 
 NOT_LOADED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -326,9 +327,6 @@ def test_kernel_update_breaks_the_driver_and_apt_plus_modprobe_repair_it(node: N
         1, "modprobe: FATAL: Module nvidia not found in directory /lib/modules/6.17.0-1018-nvidia\n")
     listed = [line for line in node.out("dpkg", "-l").splitlines() if "linux-modules-nvidia-580-open-6" in line]
     assert len(listed) == 1 and listed[0].startswith("ii  linux-modules-nvidia-580-open-6.17.0-1014-nvidia ")
-    gpu_run = node.run("docker", "run", "--rm", "--gpus", "all", VLLM_IMAGE, "nvidia-smi")
-    assert gpu_run.returncode == 125
-    assert "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown." in gpu_run.stderr
     assert not (node.paths.proc_driver / "nvidia").exists()
 
     kver = node.out("uname", "-r").strip()
@@ -428,6 +426,55 @@ def test_nvidia_smi_inside_its_node_forgets_processes_that_are_gone(tmp_path: Pa
         worker.wait()
 
 
+RANK_IN_A_CONTAINER = """
+import sys, time
+from spark_cluster_lab.consumers import add_consumer, prune_gone_consumers
+from spark_cluster_lab.layout import NodePaths
+from spark_cluster_lab.state import locked_state
+with locked_state(NodePaths(sys.argv[1])) as state:
+    prune_gone_consumers(state)  # the node's own consumer: numbered in a namespace not seen here
+    add_consumer(state, "vllm-rank1-2", 200 * 2**20, pid=2, gpu=True, process="VLLM::Worker_TP1")
+print("recorded", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_rank_in_a_container_is_seen_by_its_node_under_the_pid_the_node_gives_it(tmp_path: Path) -> None:
+    """A container numbers its processes in a PID namespace of its own: the node (here, this
+    process, whose namespace its state names) shows the rank under its own number and frees its
+    memory when it ends; the container judges none of the node's."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare (a PID namespace)")
+    here = Node(tmp_path / "nodes" / os.uname().nodename)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with locked_state(here.paths) as s:
+        s["identity"]["pidns"] = os.readlink("/proc/self/ns/pid")
+        add_consumer(s, "ollama", 2**20, pid=sleeper.pid, gpu=True, process="ollama")
+    code = str(Path(__file__).resolve().parents[1])
+    # PID 1 in there is sh, the rank PID 2, as a container's second process.
+    rank = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", 'python3 -c "$0" "$1"; :',
+                             RANK_IN_A_CONTAINER, str(here.paths.root)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": code, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == "recorded\n"
+        consumers = here.state["memory"]["consumers"]
+        assert set(consumers) == {"ollama", "vllm-rank1-2"} and consumers["vllm-rank1-2"]["pid"] == 2
+        node_pid = [int(p) for p in Path(f"/proc/{rank.pid}/task/{rank.pid}/children").read_text().split()]
+        shell_children = Path(f"/proc/{node_pid[0]}/task/{node_pid[0]}/children").read_text().split()
+        assert f"{int(shell_children[0]):>15}      C   VLLM::Worker_TP1" in here.out("nvidia-smi")
+        os.kill(int(shell_children[0]), 9)
+        deadline = time.monotonic() + 10
+        while "VLLM::Worker_TP1" in here.out("nvidia-smi"):
+            assert time.monotonic() < deadline, "the node kept the memory of a rank that ended"
+            time.sleep(0.1)
+        assert set(here.state["memory"]["consumers"]) == {"ollama"}
+    finally:
+        rank.kill()
+        rank.wait()
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_clock_skew_moves_date_and_date_s_sets_it(node: Node) -> None:
     real = float(subprocess.run(["/bin/date", "+%s.%N"], capture_output=True, text=True).stdout)
     assert abs(float(node.out("date", "+%s.%N")) - real) < 1.0
@@ -456,127 +503,67 @@ rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)
     assert "rocep1s0f1 port 1 ==> enp1s0f1np1 (Down)" in node.out("ibdev2netdev")
 
 
-# --- docker ------------------------------------------------------------------------------------
+# --- NVIDIA's container hook ------------------------------------------------------------------
 
-def test_docker_identity_and_images(node: Node, tmp_path: Path) -> None:
-    assert node.out("docker", "--version") == "Docker version 29.2.1, build a5c7197\n"
-    info = node.out("docker", "info")
-    assert " Server Version: 29.2.1" in info and " Runtimes: io.containerd.runc.v2 runc" in info
-    assert " Cgroup Driver: systemd" in info and " Cgroup Version: 2" in info
-    assert node.out("docker", "info", "--format", "{{.ServerVersion}}") == "29.2.1\n"
-    image_id = node.out("docker", "image", "inspect", "--format", "{{.Id}}", VLLM_IMAGE).strip()
-    other = Node(tmp_path / "nodes" / "spark-b", index=1)
-    assert other.out("docker", "image", "inspect", "--format", "{{.Id}}", VLLM_IMAGE).strip() == image_id
-    assert re.fullmatch(r"sha256:[0-9a-f]{64}", image_id)
-    missing = node.run("docker", "image", "inspect", "nvcr.io/nvidia/vllm:26.06-py3")
-    assert (missing.returncode, missing.stderr) == (
-        1, "Error response from daemon: No such image: nvcr.io/nvidia/vllm:26.06-py3\n")
-    images = node.out("docker", "images").splitlines()
-    assert re.fullmatch(r"REPOSITORY +TAG +IMAGE ID +CREATED +SIZE", images[0])
-    assert images[1].split()[:3] == ["nvcr.io/nvidia/vllm", "26.05-py3", image_id[7:19]]
-    pull = node.run("docker", "run", "-d", "nvcr.io/nvidia/vllm:26.06-py3", "true")
-    assert pull.returncode == 125
-    assert pull.stderr.startswith("Unable to find image 'nvcr.io/nvidia/vllm:26.06-py3' locally\n"
-                                  "docker: Error response from daemon: Get \"https://nvcr.io/v2/\"")
+@pytest.mark.parametrize(("fault", "cause"), [("kernel-update", "nvml error: driver not loaded"),
+                                          ("driver-mismatch", "nvml error: driver/library version mismatch")])
+def test_container_hook_fails_as_nvidia_container_cli_does_while_the_driver_is_broken(
+        node: Node, fault: str, cause: str) -> None:
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c" * 64, "status": "creating", "pid": 1, "bundle": "/nowhere"})
+    node.fault(fault)
+    refused = node.run("nvidia-container-runtime-hook", "prestart", input=state)
+    assert (refused.returncode, refused.stderr) == (
+        1, f"Auto-detected mode as 'legacy'\nnvidia-container-cli: initialization error: {cause}\n")
+    # Its other stages do nothing, as NVIDIA's.
+    assert node.run("nvidia-container-runtime-hook", "poststop", input=state).returncode == 0
 
 
-def test_docker_container_lifecycle_leaves_no_process(node: Node) -> None:
-    marker = "31.4159"  # a sleep no other test runs, to find leftovers by
-    run = node.run("docker", "run", "-d", "--name", "vllm-head", "--network", "host", "--ipc", "host",
-                   "--gpus", "all", "--shm-size", "10.24g", "-e", "VLLM_HOST_IP=192.168.100.10",
-                   VLLM_IMAGE, "sleep", marker)
-    assert run.returncode == 0, run.stderr
-    cid = run.stdout.strip()
-    assert re.fullmatch(r"[0-9a-f]{64}", cid)
-    try:
-        ps = node.out("docker", "ps").splitlines()
-        assert re.fullmatch(r"CONTAINER ID +IMAGE +COMMAND +CREATED +STATUS +PORTS +NAMES", ps[0])
-        assert ps[1].startswith(f"{cid[:12]}   {VLLM_IMAGE}   \"/opt/nvidia/nvidia_…\"   ")
-        assert ps[1].endswith("vllm-head") and " Up " in ps[1]
-        assert node.out("docker", "ps", "--filter", "name=vllm", "--format", "{{.Names}} {{.ID}}") == (
-            f"vllm-head {cid[:12]}\n")
-        assert node.out("docker", "inspect", "--format", "{{.State.Running}}", "vllm-head") == "true\n"
-        pid = int(node.out("docker", "inspect", "--format", "{{.State.Pid}}", "vllm-head"))
-        assert os.getpgid(pid) == pid  # leads its own process group
-        assert node.out("docker", "exec", "vllm-head", "sh", "-c", "echo $VLLM_HOST_IP") == "192.168.100.10\n"
-        failing = node.run("docker", "exec", "-e", "X=7", "vllm-head", "sh", "-c", "echo $X >&2; exit 3")
-        assert (failing.returncode, failing.stderr) == (3, "7\n")
-        assert node.run("docker", "exec", "-d", "vllm-head", "sleep", marker).returncode == 0
-        # The client of an attached exec forwards no signal: killing it leaves its process running.
-        client = subprocess.Popen([str(node.paths.bin / "docker"), "exec", "vllm-head", "sleep", "27.1828"],
-                                  env=node.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not subprocess.run(["pgrep", "-f", "^sleep 27.1828"]).returncode == 0:
-            time.sleep(0.05)
-        client.terminate()
-        assert client.wait(timeout=10) != 0
-        attached = subprocess.run(["pgrep", "-f", "^sleep 27.1828"], capture_output=True, text=True).stdout.split()
-        assert len(attached) == 1
-        # docker top: ps with the given options, the container's rows only (its command and both execs).
-        top = node.out("docker", "top", "vllm-head", "-eo", "pid,args").splitlines()
-        assert top[0].split() == ["PID", "COMMAND"]
-        assert {row.split(None, 1)[1] for row in top[1:]} == {f"sleep {marker}", "sleep 27.1828"}
-        assert len(top) == 4 and attached[0] in {row.split()[0] for row in top[1:]}
-        assert str(os.getpid()) not in {row.split()[0] for row in top[1:]}
-        clash = node.run("docker", "run", "-d", "--name", "vllm-head", VLLM_IMAGE, "true")
-        assert clash.returncode == 125
-        assert clash.stderr.startswith(f'docker: Error response from daemon: Conflict. The container name "/vllm-head" '
-                                       f'is already in use by container "{cid}". You have to remove (or rename) that '
-                                       "container to be able to reuse that name.")
-        busy = node.run("docker", "rm", "vllm-head")
-        assert busy.returncode == 1 and "container is running" in busy.stderr
-        started = time.monotonic()
-        assert node.out("docker", "stop", "vllm-head") == "vllm-head\n"
-        assert time.monotonic() - started < 5
-        assert node.out("docker", "ps", "-q") == ""
-        assert "Exited (143)" in node.out("docker", "ps", "-a")
-        stopped = node.run("docker", "exec", "vllm-head", "true")
-        assert (stopped.returncode, stopped.stderr) == (
-            1, f"Error response from daemon: container {cid} is not running\n")
-        assert node.out("docker", "rm", "vllm-head") == "vllm-head\n"
-        assert node.out("docker", "ps", "-a").count("\n") == 1
-    finally:
-        subprocess.run([str(node.paths.bin / "docker"), "rm", "-f", "vllm-head"], capture_output=True, env=node.env)
-    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout
-    assert left == ""
+def test_container_hook_says_why_it_cannot_read_the_container(node: Node) -> None:
+    unreadable = node.run("nvidia-container-runtime-hook", "prestart", input="{}")
+    assert unreadable.returncode == 1
+    assert unreadable.stderr.startswith("nvidia-container-runtime-hook: could not read the container's state: ")
 
 
-def test_docker_run_logs_and_rm_on_exit(node: Node) -> None:
-    assert node.out("docker", "run", "--rm", VLLM_IMAGE, "sh", "-c", "echo hello") == "hello\n"
-    code = node.run("docker", "run", "--rm", VLLM_IMAGE, "sh", "-c", "exit 4")
-    assert code.returncode == 4
-    assert node.out("docker", "ps", "-aq") == ""
-    node.out("docker", "run", "-d", "--name", "talker", VLLM_IMAGE, "sh", "-c", "echo one; echo two >&2")
-    deadline = time.monotonic() + 10
-    while "Exited (0)" not in node.out("docker", "ps", "-a") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert node.out("docker", "logs", "talker") == "one\ntwo\n"
-    assert node.out("docker", "logs", "--tail", "1", "talker") == "two\n"
-    assert node.out("docker", "rm", "talker") == "talker\n"
-    gone = node.run("docker", "logs", "talker")
-    assert (gone.returncode, gone.stderr) == (1, "Error response from daemon: No such container: talker\n")
+def test_runc_lowers_only_the_limits_this_machine_cannot_raise() -> None:
+    import resource
+
+    from spark_cluster_lab.standins.runc import _command, clamp_limits
+
+    assert _command(["--root", "/run/docker/runtime-runc/moby", "--log", "l.json", "--log-format", "json",
+                     "create", "--bundle", "/b", "id"]) == ("create", ["--bundle", "/b", "id"])
+    unlimited = 2**64 - 1
+    config = {"process": {"rlimits": [{"type": "RLIMIT_MEMLOCK", "hard": unlimited, "soft": unlimited},
+                                      {"type": "RLIMIT_STACK", "hard": 67108864, "soft": 67108864}]}}
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    lowered = clamp_limits(config)
+    memlock, stack = config["process"]["rlimits"]
+    if hard == resource.RLIM_INFINITY:
+        assert lowered == [] and memlock["hard"] == unlimited
+    else:
+        assert lowered == ["RLIMIT_MEMLOCK"] and memlock == {"type": "RLIMIT_MEMLOCK", "hard": hard, "soft": hard}
+    stack_hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
+    assert stack["hard"] == (67108864 if stack_hard == resource.RLIM_INFINITY else min(67108864, stack_hard))
 
 
-def test_reboot_stops_containers(node: Node) -> None:
-    node.out("docker", "run", "-d", "--name", "keeper", VLLM_IMAGE, "sleep", "27.1828")
-    node.out("reboot")
-    assert "Exited (255)" in node.out("docker", "ps", "-a")
-    deadline = time.monotonic() + 5
-    while subprocess.run(["pgrep", "-f", "sleep 27.1828"], capture_output=True).returncode == 0:
-        assert time.monotonic() < deadline, "the container's process outlived the reboot"
-        time.sleep(0.05)
-    node.out("docker", "rm", "keeper")
+def test_runc_lowers_an_execs_limits_in_its_process_spec_too(tmp_path: Path) -> None:
+    """`docker exec` runs `runc exec --process FILE`: the container's limits again, at the top of
+    that file (no "process" key); unreadable files are left to runc to name."""
+    import resource
 
+    from spark_cluster_lab.standins.runc import _clamp_file, _option
 
-def test_lab_teardown_kills_every_container_process(node: Node) -> None:
-    from spark_cluster_lab.standins.containers import kill_all
-
-    node.out("docker", "run", "-d", "--name", "worker", VLLM_IMAGE, "sh", "-c", "sleep 23.456 & sleep 23.456")
-    node.out("docker", "exec", "-d", "worker", "sleep", "23.456")
-    assert kill_all(node.paths) == ["worker"]
-    assert subprocess.run(["pgrep", "-f", "sleep 23.456"], capture_output=True).returncode == 1
-    assert "Exited (137)" in node.out("docker", "ps", "-a")
-    assert kill_all(node.paths) == []
+    assert _option(["--detach", "--process", "/p.json", "id"], ("--process", "-p")) == "/p.json"
+    assert _option(["--process=/q.json", "id"], ("--process", "-p")) == "/q.json"
+    assert _option(["id"], ("--process", "-p")) is None
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    process = tmp_path / "process.json"
+    process.write_text(json.dumps({"args": ["bash"], "rlimits": [
+        {"type": "RLIMIT_MEMLOCK", "hard": 2**64 - 1, "soft": 2**64 - 1}]}))
+    _clamp_file(str(process), wrapped=False)
+    memlock = json.loads(process.read_text())["rlimits"][0]
+    assert memlock["hard"] == (2**64 - 1 if hard == resource.RLIM_INFINITY else hard)
+    assert json.loads(process.read_text())["args"] == ["bash"]
+    _clamp_file(str(tmp_path / "missing.json"), wrapped=False)  # no exception: runc says it
 
 
 # --- start-up time -----------------------------------------------------------------------------

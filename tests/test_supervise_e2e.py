@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -16,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli
+from lab_cli import LAB_MARKS, REPO, Supervise, cli
 
 pytestmark = [*LAB_MARKS, pytest.mark.skipif(shutil.which("promtool") is None, reason="needs Debian's prometheus")]
 PORT = 9464
@@ -26,43 +24,6 @@ API = "http://10.117.0.11:8000/v1"
 @pytest.fixture(scope="module")
 def lab(sim_inventory: Path) -> Path:
     return sim_inventory
-
-
-class Supervise:
-    """`spark-cluster supervise --json` in the background; its lines read as they come."""
-
-    def __init__(self, inventory: Path, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", "supervise", str(inventory), "--json",
-                                      *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     stdin=subprocess.DEVNULL)
-        self.events: list[dict] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                self.events.append(json.loads(line))
-            except json.JSONDecodeError:
-                self.events.append({"event": "unparsed", "line": line})
-
-    def wait_for(self, predicate, timeout: float, after: int = 0) -> dict:  # noqa: ANN001
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for event in self.events[after:]:
-                if predicate(event):
-                    return event
-            if self.proc.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.5)
-        raise AssertionError(f"not seen in {timeout} s; events: {self.events[after:]}; "
-                             f"stderr: {self.proc.stderr.read() if self.proc.poll() is not None else ''}")
-
-    def terminate(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=60)
-        self._reader.join(timeout=10)
-        return code
 
 
 def chat(max_tokens: int, timeout: float = 120) -> dict:

@@ -2,8 +2,9 @@
 emulator alike: one parametrized test over the scenarios and the engines, each asserting the same
 decision, detection within its bound, serving again, and nothing left behind on either node.
 
-One lab (real engine available) for the module; per engine and topology one `supervise` that
-brings the cluster up once, and every scenario restores it before the next. A scenario is one
+The session's lab (tests/labs.py), restored for the module; per engine and topology one
+`supervise` (Clusters) that brings the cluster up once, and every scenario restores it before
+the next. A scenario is one
 `Scenario` row: add a row to SCENARIOS to add a fault. The figures (decision, seconds to detect,
 seconds back to serving, what each scenario cost) are printed at the end and written to
 fault-matrix.json in the module's temporary directory.
@@ -152,7 +153,11 @@ def rank(cluster: Cluster) -> str:
 
 
 def freeze_idle(cluster: Cluster) -> None:
+    """Frozen while idle, then a request: it comes a second later, as a user's would. The
+    emulator's head learns of a frozen node from its missed pongs (0.25 s); a request sent within
+    that would have its first step run, where the real engine's blocks at once."""
     on(cluster, "spark-b", f"pkill -STOP -f '{rank(cluster)}'")
+    time.sleep(1.0)
     in_background(lambda: chat(16, timeout=600))
 
 
@@ -196,7 +201,9 @@ def engine_signals(cluster: Cluster, seconds: float = 6.0) -> dict[str, object]:
     log = cli("logs", str(cluster.inventory), "-n", "400").stdout
     status = cli("status", str(cluster.inventory), "--json", "--hang-after", "5")
     verdict = json.loads(status.stdout)["verdict"] if status.stdout.startswith("{") else {}
-    return {"health": health, "running": last.running, "waiting": last.waiting, "in_flight": last.in_flight,
+    # In flight at the API server: the user's request, and supervise's probe once it sent one (the
+    # real engine read 2 at 7 s), so at least one.
+    return {"health": health, "running": last.running, "waiting": last.waiting, "in_flight": last.in_flight >= 1,
             "stepped": last.steps != first.steps or last.generated != first.generated,
             "shm_line": "No available shared memory broadcast block found in 5 seconds" in log,
             "status": (status.returncode, verdict.get("state"), verdict.get("cause"))}
@@ -219,10 +226,10 @@ SCENARIOS = [
     # The real engine's signs, which the emulator must show alike: /health 200, the gauges where the
     # last step left them (0/0 idle, 1 running mid-stream), no step, the request at the API server.
     Scenario("rank frozen idle", freeze_idle, "restart-vllm", ("engine-hang",),
-             signals={"health": 200, "running": 0, "waiting": 0, "in_flight": 1, "stepped": False, "shm_line": True,
+             signals={"health": 200, "running": 0, "waiting": 0, "in_flight": True, "stepped": False, "shm_line": True,
                       "status": (1, "hung", "engine-hang")}),
     Scenario("rank frozen mid-stream", freeze_mid_stream, "restart-vllm", ("engine-hang",),
-             signals={"health": 200, "running": 1, "waiting": 0, "in_flight": 1, "stepped": False, "shm_line": True,
+             signals={"health": 200, "running": 1, "waiting": 0, "in_flight": True, "stepped": False, "shm_line": True,
                       "status": (1, "hung", "engine-hang")}),
     Scenario("rank killed", kill_rank, "restart-vllm", ("engine-died",)),
     Scenario("spark-b rebooted", reboot_b, "restart-cluster", ("node-rebooted",), detect_within_s=120),
@@ -245,22 +252,20 @@ def decided(scenario: Scenario, event: dict) -> bool:
 # --- fixtures ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    from spark_cluster_lab import lab as simlab
-
+def lab(lab_pool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:  # noqa: ANN001 - labs.Pool
+    """The session's lab (tests/labs.py), restored; its real engine's inventory, where it runs, is
+    the one every cluster of the matrix is cut from (the emulator's differs in Python and env only)."""
     folder = tmp_path_factory.mktemp("matrix")
-    simlab.down()
-    simlab.up(2, inventory_out=folder / "lab.yaml", engine="real" if engine.real_missing() is None else "emulator",
-              reboot_s=10)
+    source = lab_pool.restored("real" if engine.real_missing() is None else "emulator")
+    (folder / "lab.yaml").write_text(source.read_text())
     yield folder
     if FIGURES:
         (folder / "fault-matrix.json").write_text(json.dumps(FIGURES, indent=2))
         print(f"\nfault matrix ({folder / 'fault-matrix.json'}):")
         for row in FIGURES:
-            print(f"  {row['engine']:8} {row['scenario']:24} {row['decision']:34} detect {row['detect_s']:5.1f} s"
+            print(f"  {row['engine']:10} {row['scenario']:24} {row['decision']:34} detect {row['detect_s']:5.1f} s"
                   f"  back {row['back_s']:5.1f} s  cost {row['cost_s']:5.1f} s  orphans {row['orphans'] or 'none'}")
         print(f"  total {sum(r['cost_s'] for r in FIGURES):.0f} s")
-    assert simlab.down() == []
 
 
 def inventory_for(lab: Path, key: str) -> Path:
@@ -268,6 +273,7 @@ def inventory_for(lab: Path, key: str) -> Path:
     data = yaml.safe_load((lab / "lab.yaml").read_text())
     data["nodes"] = data["nodes"][: int(count)]
     env = dict(data["cluster"]["env"])
+    data["cluster"]["executor"] = "mp"  # the real engine's CPU build has no Ray executor: both run mp
     if engine_name == "emulator":  # the same executor (mp), model and arguments; the emulator's Python
         data["cluster"]["python"] = "/run/spark-lab/python"
         env = {"SPARK_LAB_LOAD_MBPS": "4"}
@@ -278,27 +284,53 @@ def inventory_for(lab: Path, key: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest, lab: Path) -> Iterator[Cluster]:
-    key = request.param
-    inventory = inventory_for(lab, key)
-    nodes = tuple(n["name"] for n in yaml.safe_load(inventory.read_text())["nodes"])
-    sup = Supervise(inventory, "--interval", "1", "--hang-after", str(HANG_AFTER_S), "--max-restarts", "20",
-                    "--window", "3600")
-    try:
+class Clusters:
+    """One cluster at a time under one `supervise`, kept from scenario to scenario while the next
+    asks for the same engine and topology (MATRIX is in that order): pytest would make a module
+    fixture anew for every row of an indirect parametrization, an `up` per scenario."""
+
+    def __init__(self, lab: Path) -> None:
+        self.lab = lab
+        self.current: Cluster | None = None
+
+    def get(self, key: str) -> Cluster:
+        if self.current is not None and self.current.key == key and self.current.sup.proc.poll() is None:
+            return self.current
+        self.close()
+        inventory = inventory_for(self.lab, key)
+        nodes = tuple(n["name"] for n in yaml.safe_load(inventory.read_text())["nodes"])
+        sup = Supervise(inventory, "--interval", "1", "--hang-after", str(HANG_AFTER_S), "--max-restarts", "20",
+                        "--window", "3600")
+        self.current = Cluster(key, key.split("-")[0], nodes, inventory, sup)
         sup.wait_for(lambda e: e["event"] == "serving", 400)
-        yield Cluster(key, key.split("-")[0], nodes, inventory, sup)
+        return self.current
+
+    def close(self) -> None:
+        current, self.current = self.current, None
+        if current is None:
+            return
+        try:
+            assert current.sup.terminate() == 0
+        finally:
+            cli("down", str(current.inventory), timeout=300)
+            for node in ("spark-a", "spark-b"):
+                cli("lab", "heal", node)
+
+
+@pytest.fixture(scope="module")
+def clusters(lab: Path) -> Iterator[Clusters]:
+    made = Clusters(lab)
+    try:
+        yield made
     finally:
-        assert sup.terminate() == 0
-        cli("down", str(inventory), timeout=300)
-        for node in ("spark-a", "spark-b"):
-            cli("lab", "heal", node)
+        made.close()
 
 
 # --- the matrix --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("cluster", "scenario"), MATRIX, indirect=["cluster"])
-def test_supervise_fault_matrix(cluster: Cluster, scenario: Scenario) -> None:
+@pytest.mark.parametrize(("key", "scenario"), MATRIX)
+def test_supervise_fault_matrix(clusters: Clusters, key: str, scenario: Scenario) -> None:
+    cluster = clusters.get(key)
     sup = cluster.sup
     mark = len(sup.events)
     before = vllm_processes(cluster)
@@ -337,10 +369,10 @@ def test_supervise_fault_matrix(cluster: Cluster, scenario: Scenario) -> None:
                for procs in after.values()), after
 
 
-@pytest.mark.parametrize("cluster", [pytest.param("emulator-2", id="emulator")], indirect=True)
-def test_status_names_the_link_when_both_rails_are_down(cluster: Cluster) -> None:
+def test_status_names_the_link_when_both_rails_are_down(clusters: Clusters) -> None:
     """Both rails off on spark-b while serving: `status` says what blocks serving (not
     'healthy', as it did while a request hung), exit 1; supervise waits for the cable."""
+    cluster = clusters.get("emulator-2")
     mark = len(cluster.sup.events)
     assert cli("lab", "break", "spark-b", "link-down").returncode == 0
     try:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli, on_node
+from lab_cli import LAB_MARKS, REBOOT_S, REPO, cli, on_node
 
 pytestmark = LAB_MARKS
 
@@ -152,14 +152,19 @@ def ended(up: Up, event: str, node: str, stage: str, timeout_s: float = 150) -> 
     return last, err
 
 
-def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
-    """`down` finds and stops what is left (it exits 0 only when nothing of the cluster remains);
-    after `lab heal` a fresh `up` reaches ready, and `down` again."""
+def downed_and_healed(used: Path, *heal: str) -> None:
+    """`down` finds and stops what is left (it exits 0 only when nothing of the cluster remains),
+    `status` says nothing started, and `lab heal` undoes the fault on these nodes."""
     down = cli("down", str(used))
     assert down.returncode == 0, down.stdout + down.stderr
     assert json.loads(cli("status", str(used), "--json").stdout)["vllm"]["started"] is False
     for node in heal:
         assert cli("lab", "heal", node).returncode == 0
+
+
+def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
+    """downed_and_healed, then a fresh `up` reaches ready, and `down` again."""
+    downed_and_healed(used, *heal)
     # The same inventory, its emulated load back at the lab's speed: the slow load was there
     # to strike in; nothing runs now, so there is no earlier launch to compare it with.
     text = used.read_text()
@@ -171,6 +176,17 @@ def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.splitlines()[-1])["event"] == "ready"
     assert cli("down", str(again_at)).returncode == 0
+
+
+def healed_and_clean(used: Path, *heal: str) -> None:
+    """downed_and_healed, then `check` passes: the next `up` (the next test's) starts from nodes as
+    the fault found them. A full `up` after each fault costs 40 s and shows nothing new where the
+    fault left no process behind; healed_up_serves does it where one did."""
+    downed_and_healed(used, *heal)
+    deadline = time.monotonic() + REBOOT_S + 60  # a node the fault rebooted comes back first
+    while (checked := cli("check", str(used), "--json")).returncode != 0 and time.monotonic() < deadline:
+        time.sleep(2)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
 
 
 def nothing_runs(lab: Path) -> None:
@@ -215,7 +231,7 @@ def test_check_with_spark_b_rails_cut_names_spark_b_and_fix(lab: Path, tmp_path:
     assert "spark-cluster fix" in last["next_step"] and "spark-b" in last["nodes"], last
     assert f"first: spark-b: {last['cause']}: " in err, err[-2000:]
     nothing_runs(lab)
-    healed_up_serves(lab, lab, "spark-b")
+    healed_and_clean(lab, "spark-b")
 
 
 def test_ctrl_c_during_check_starts_nothing(lab: Path) -> None:
@@ -225,7 +241,7 @@ def test_ctrl_c_during_check_starts_nothing(lab: Path) -> None:
     last, _ = ended(up, "interrupted", "spark-a", "check", timeout_s=60)
     assert "nothing was started" in last["message"] and f"`spark-cluster up {lab}` starts again" in last["next_step"]
     nothing_runs(lab)
-    healed_up_serves(lab, lab)
+    healed_and_clean(lab)
 
 
 # --- weights ---------------------------------------------------------------------------------
@@ -274,7 +290,7 @@ def test_ctrl_c_during_rays_start_leaves_it_and_up_goes_on(lab: Path) -> None:
     up.proc.send_signal(signal.SIGINT)
     last, _ = ended(up, "interrupted", "spark-a", "ray", timeout_s=90)
     assert "what Ray started keeps running" in last["message"] and "brings the rest of Ray up" in last["next_step"]
-    healed_up_serves(lab, lab)
+    healed_and_clean(lab)
 
 
 def test_spark_b_rebooting_as_ray_starts_is_said(lab: Path) -> None:
@@ -284,7 +300,7 @@ def test_spark_b_rebooting_as_ray_starts_is_said(lab: Path) -> None:
     last, _ = ended(up, "failed", "spark-b", "ray", timeout_s=150)
     assert last["cause"] == "node-rebooted" and "spark-b rebooted during ray" in last["error"], last
     assert "journalctl -b -1" in last["next_step"] and str(lab) in last["next_step"], last
-    healed_up_serves(lab, lab, "spark-b")
+    healed_and_clean(lab, "spark-b")
 
 
 # --- vLLM's load -----------------------------------------------------------------------------
@@ -299,7 +315,7 @@ def test_a_rail_cut_on_spark_b_mid_load_names_spark_b_and_the_rail(lab: Path, tm
     assert last["cause"] == "link-down" and last["interface"] in ("enp1s0f1np1", "enP2p1s0f1np1")
     assert last["interface"] in last["next_step"] and "spark-b" in last["next_step"]
     assert "has not grown" not in err and f"spark-b: rail {last['interface']} has lost its link" in err, err
-    healed_up_serves(lab, slow, "spark-b")
+    healed_and_clean(slow, "spark-b")
 
 
 def test_spark_b_raylet_killed_mid_load_names_spark_b(lab: Path, tmp_path: Path) -> None:
@@ -311,7 +327,7 @@ def test_spark_b_raylet_killed_mid_load_names_spark_b(lab: Path, tmp_path: Path)
     last, _ = ended(up, "failed", "spark-b", "vllm")
     assert last["cause"] == "ray-node-died" and "raylet" in last["next_step"], last
     assert f"`spark-cluster up {slow} --restart`" in last["next_step"], last
-    healed_up_serves(lab, slow, "spark-b")
+    healed_and_clean(slow, "spark-b")
 
 
 def test_spark_b_vllm_worker_killed_mid_load_names_spark_b(lab: Path, tmp_path: Path) -> None:
@@ -359,7 +375,7 @@ def test_controller_ssh_to_spark_a_lost_mid_load_says_vllm_keeps_running(lab: Pa
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.splitlines()[-1])["event"] == "ready"
     assert "following it" in again.stderr or "reused" in again.stderr, again.stderr[-2000:]
-    healed_up_serves(lab, slow)
+    healed_and_clean(slow)
 
 
 def test_ctrl_c_mid_load_ends_interrupted_and_a_rerun_follows_to_ready(lab: Path, tmp_path: Path) -> None:
@@ -394,7 +410,7 @@ def test_vllm_killed_on_spark_a_after_its_weights_names_spark_a(lab: Path, tmp_p
     last, _ = ended(up, "failed", "spark-a", "vllm")
     assert last["cause"] == "engine-died" and "journalctl -k" in last["next_step"], last
     assert last["phase"] in ("compile", "kv-cache", "cuda-graphs"), last
-    healed_up_serves(lab, slow)
+    healed_and_clean(slow)
 
 
 def test_ctrl_c_in_the_last_steps_leaves_vllm_starting_and_a_rerun_follows_to_ready(lab: Path, tmp_path: Path) -> None:

@@ -22,9 +22,9 @@ DEBUG_LOG = Path("~/.spark-cluster/debug.log").expanduser()
 # Each command's module, imported only when that command runs (or --help lists them all): `check`
 # must not pay for the imports of `diagnose` or `bench` (rich tables, the log reader's patterns).
 COMMANDS = {
-    "validate": ("nodes", "validate"), "exec": ("nodes", "exec_"), "check": ("preflight", "check"),
-    "fix": ("preflight", "fix"), "linktest": ("link", "linktest"), "sync": ("link", "sync"),
-    "up": ("serve", "up"), "down": ("serve", "down"), "logs": ("serve", "logs"),
+    "init": ("init", "init"), "validate": ("nodes", "validate"), "exec": ("nodes", "exec_"),
+    "check": ("preflight", "check"), "fix": ("preflight", "fix"), "linktest": ("link", "linktest"),
+    "sync": ("link", "sync"), "up": ("serve", "up"), "down": ("serve", "down"), "logs": ("serve", "logs"),
     "status": ("observe", "status"), "watch": ("observe", "watch"), "bench": ("observe", "bench"),
     "diagnose": ("diagnose", "diagnose"), "guard": ("guard", "guard"), "supervise": ("supervise", "supervise"),
     "service": ("service", "service"), "fit": ("fit", "fit"),

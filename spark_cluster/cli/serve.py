@@ -82,11 +82,13 @@ def _ctrl_c() -> Iterator[threading.Event]:
 @click.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 def down(inventory: str) -> int:
-    """Stop vLLM, Ray and their containers on every node; verify that nothing of them is left."""
+    """Stop vLLM, Ray and their containers on every node; verify that nothing of them is left;
+    free the shared memory a killed vLLM rank left."""
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.ray_cluster import leftovers, tear_down
+    from spark_cluster.ops.shm import Freed, free_leaked
 
     inv = load_inventory(inventory)
     failed = False
@@ -100,6 +102,7 @@ def down(inventory: str) -> int:
                     ui.CONSOLES.out.print(f"{name}: vLLM not stopped: {str(outcome).splitlines()[0]}")
         stopped = tear_down(inv, fleet)
         left = fleet.map(lambda node: leftovers(inv, node))
+        freed = fleet.map(free_leaked)  # after the ranks are gone: only then is a segment orphaned
     for name in stopped:
         outcome, remains = stopped[name], left[name]
         if isinstance(outcome, Exception) or isinstance(remains, Exception):
@@ -111,6 +114,8 @@ def down(inventory: str) -> int:
             failed = True
         else:
             ui.CONSOLES.out.print(f"{name}: stopped; no process, container or port of the cluster left")
+            if isinstance(done := freed.get(name), Freed) and done.segments:
+                ui.CONSOLES.out.print(f"{name}: freed {done}")
     return 1 if failed else 0
 
 

@@ -1,8 +1,7 @@
 """Follow a vLLM start until it serves, fails or goes silent: polling, over the head's one SSH
-connection, the log's new lines, each node's memory and whether the process lives.
-
-`follow` feeds every poll's `Progress` to a callback (the display, --json); a failure ends
-it with a `ServeError` holding the diagnosis (cause, node, evidence, next step).
+connection, the log's new lines, each node's memory and whether the process lives. `follow`
+feeds every poll's `Progress` to a callback (the display, --json); a failure ends it with a
+`ServeError` holding the diagnosis (cause, node, evidence, next step).
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ _ACTOR = re.compile(r"\((?:RayWorkerWrapper|RayWorkerProc) pid=\d+(?:, ip=[\w.:\
 # The `ip:` row of Ray's ActorDiedError (`The actor died unexpectedly ...` then tab-indented
 # class_name, actor_id, pid, namespace, ip): the node whose rank died.
 _DIED_IP = re.compile(r"(?:^|\]|\s)ip: ([\d.]+|[0-9a-fA-F:]+)\s*$")
+# The raylet's word on a worker gone mid-task, often the log's first error (before ActorDiedError).
+_WORKER_IP = re.compile(r"Worker IP address: ([\d.]+|[0-9a-fA-F:]+)")
 
 POLL_S = 1.0
 PG_WAIT_NOTE = "vLLM has waited for its Ray placement group"
@@ -194,7 +195,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 if tracker.state.outcome == "failed" and (
                         tracker.state.cause != "other" or not running(head, plan.head)):
                     link_cut()
-                    _raise_worker_failure(fleet, plan)
+                    _raise_worker_failure(fleet, plan, tracker.state.cause)
                     raise failed()
             if state.phase in ("api-server", "ready"):
                 problem = readiness(plan)
@@ -210,7 +211,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 tracker.feed(tail)
                 text.append(tail)
                 link_cut()
-                _raise_worker_failure(fleet, plan)
+                _raise_worker_failure(fleet, plan, tracker.state.cause)
                 if tracker.state.outcome in ("failed", "stopped"):  # stopped: a SIGTERM, a cancelled job
                     raise failed()
                 state = tracker.state
@@ -277,9 +278,12 @@ def node_of(line: str, nodes_by_ip: dict[str, str] | None) -> str | None:
     return (nodes_by_ip or {}).get(match[1], match[1]) if match else None
 
 
-def _raise_worker_failure(fleet: Fleet, plan: ServePlan) -> None:
-    """executor mp: a worker node's ranks log to that node's own file, and the head only learns
-    that they are gone. The first worker log that failed names the node, the cause and the line."""
+def _raise_worker_failure(fleet: Fleet, plan: ServePlan, head_cause: str | None = None) -> None:
+    """executor mp: a worker's ranks log to their node's own file; the head learns only that they
+    went. The first worker log that failed names node, cause and line, unless the head's own log
+    names a root cause (the real engine's headless worker, waiting on its head, says nothing yet)."""
+    if head_cause not in ("engine-died", "killed", "other", None):
+        return
     for command in plan.commands:
         if command.is_head:
             continue
@@ -330,8 +334,8 @@ def failing_node(text: list[str], nodes_by_ip: dict[str, str] | None, evidence: 
     if evidence and _ACTOR.search(evidence):
         return node_of(evidence, nodes_by_ip) or head
     lines = "\n".join(text).splitlines()
-    for line in lines:  # a rank whose process died: Ray's ActorDiedError names its node's ip
-        died = _DIED_IP.search(line) if "ip: " in line else None
+    for line in ([evidence] if evidence else []) + lines:  # a rank whose process died: Ray names its node's ip
+        died = (_DIED_IP.search(line) if "ip: " in line else None) or _WORKER_IP.search(line)
         if died and died[1] in (nodes_by_ip or {}):
             return (nodes_by_ip or {})[died[1]]
     for line in lines:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -65,7 +66,7 @@ def paths(inventory: Inventory) -> list[RailPath]:
     return out
 
 
-def _links(node: Node) -> dict[str, dict]:
+def links(node: Node) -> dict[str, dict]:
     """ifname -> {mac, mtu, up, carrier} from `ip -j link`."""
     result = node.run("ip -j link show", timeout=20)
     try:
@@ -78,22 +79,40 @@ def _links(node: Node) -> dict[str, dict]:
             for row in rows if "ifname" in row}
 
 
-def _ping(node: Node, path: RailPath, size: int) -> dict:
-    ping = join("ping", "-c", 2, "-i", 0.2, "-W", 2, "-M", "do", "-s", size, "-I", path.interface, path.target)
-    neigh = join("ip", "-j", "neigh", "show", "dev", path.interface)
+_FROM = re.compile(r"bytes from ([0-9A-Fa-f:.]+)(?:%[^:\s]+)?:")
+
+
+def probe(node: Node, interface: str, target: str, size: int | None = None, count: int = 2) -> dict:
+    """Ping `target` out of `interface` (don't-fragment at `size` bytes when given; `ff02::1`
+    asks every IPv6 node on the link) and read the node's neighbour table on it: {"ok", "size",
+    "detail", "neighbours": {address: lladdr}, "answered": the same for the addresses that
+    answered this very ping alone (an older entry may name a port the cable has left)}."""
+    sizing = ["-M", "do", "-s", size] if size is not None else []
+    # ping refuses a user other than root a multicast target at less than its default second
+    # between echoes ("multicast ping with too short interval"): that one keeps the default.
+    pace = [] if target.lower().startswith("ff") else ["-i", 0.2]
+    ping = join("ping", "-n", "-c", count, *pace, "-W", 2, *sizing, "-I", interface, target)
+    neigh = join("ip", "-j", "neigh", "show", "dev", interface)
     result = node.run(f"{ping}; rc=$?; echo '--neigh--'; {neigh}; exit $rc", timeout=20)
     out, _, neigh = result.stdout.partition("--neigh--")
-    lladdr = None
+    answered = set(_FROM.findall(out))
+    macs: dict[str, str] = {}
     try:
         for row in json.loads(neigh.strip() or "[]"):
-            if row.get("dst") == path.target and row.get("lladdr"):
-                lladdr = row["lladdr"]
+            if row.get("dst") and row.get("lladdr"):
+                macs[row["dst"]] = row["lladdr"]
     except json.JSONDecodeError:
         pass
     lines = [line for line in (out + result.stderr).splitlines() if line.strip()]
     summary = next((line for line in lines if "packet loss" in line or "message too long" in line.lower()),
                    lines[-1] if lines else f"exit {result.exit_code}")
-    return {"ok": result.ok, "size": size, "detail": summary.strip(), "lladdr": lladdr}
+    return {"ok": result.ok, "size": size, "detail": summary.strip(), "neighbours": macs,
+            "answered": {dst: mac for dst, mac in macs.items() if dst in answered}}
+
+
+def _ping(node: Node, path: RailPath, size: int) -> dict:
+    found = probe(node, path.interface, path.target, size)
+    return {**{k: found[k] for k in ("ok", "size", "detail")}, "lladdr": found["neighbours"].get(path.target)}
 
 
 def _tcp(fleet: Fleet, path: RailPath, streams: int, seconds: float) -> dict:
@@ -214,9 +233,9 @@ def linktest(inventory: Inventory, fleet: Fleet, emit: Emit, gather: bool = True
     began = time.monotonic()
     settings = inventory.cluster.linktest
     size = inventory.head.link.mtu - 28
-    links = fleet.map(_links)
+    links_now = fleet.map(links)
     macs: dict[str, tuple[str, str]] = {}  # MAC -> (node, interface), to name what a rail reaches
-    for name, found in links.items():
+    for name, found in links_now.items():
         if isinstance(found, dict):
             for ifname, row in found.items():
                 if row["mac"] and row["mac"] != "00:00:00:00:00:00":
@@ -239,7 +258,7 @@ def linktest(inventory: Inventory, fleet: Fleet, emit: Emit, gather: bool = True
                "crossed": bool(reached and reached != (p.dst.name, want))}
         rails.append(row)
         emit("ping", **row)
-    findings += _rail_findings(inventory, rails, links)
+    findings += _rail_findings(inventory, rails, links_now)
     for row in rails:
         p = next(x for x in todo if (x.rail, x.src.name, x.dst.name) == (row["rail"], row["from"], row["to"]))
         if not row["ping"]["ok"]:

@@ -210,6 +210,7 @@ class SSHNode(_Runner):
         host_key_policy: str = "strict",
         connect_timeout: float = 10.0,
         sudo_password: str | None = None,
+        password: Callable[[], str] | None = None,
     ) -> None:
         self.name = name
         self.host = host
@@ -220,6 +221,7 @@ class SSHNode(_Runner):
         self.host_key_policy = host_key_policy
         self.connect_timeout = connect_timeout
         self._sudo_password = sudo_password
+        self._password = password  # the login's, asked for only if every key is refused
         self._connection = None
         # Several steps (log follower, memory sampler) may share a node from threads.
         self._lock = threading.Lock()
@@ -236,6 +238,7 @@ class SSHNode(_Runner):
                     known_hosts=self.known_hosts,
                     host_key_policy=self.host_key_policy,
                     connect_timeout=self.connect_timeout,
+                    password=self._password,
                 )
             return self._connection
 

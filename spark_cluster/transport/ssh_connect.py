@@ -15,15 +15,16 @@ import getpass
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 from fabric import Config, Connection
+from paramiko.auth_strategy import Password
 
 from spark_cluster.core.errors import ConnectError
-from spark_cluster.transport.ssh_auth import KeyProblem, keys_for
+from spark_cluster.transport.ssh_auth import KeyProblem, Keys, keys_for
 from spark_cluster.transport.ssh_config import Route, SSHConfigError, route
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -122,12 +123,14 @@ def open_connection(
     known_hosts: Sequence[str | Path],
     host_key_policy: str,
     connect_timeout: float,
+    password: Callable[[], str] | None = None,
 ) -> Connection:
     """Open and return a verified fabric Connection, or raise ConnectError naming the fix.
 
     `host` may be an alias of ~/.ssh/config: its HostName, IdentityFile and ProxyJump (or
     ProxyCommand) apply, and so do User and Port where `user`/`port` are None. Every host key
-    on the way, the jump hosts' included, is verified against `known_hosts`.
+    on the way, the jump hosts' included, is verified against `known_hosts`. `password`, when
+    given, is asked for (called) only if the node refuses every key: `init` on a fresh node.
     """
     verify = _Verify(tuple(Path(f) for f in known_hosts), host_key_policy, connect_timeout)
     try:
@@ -135,7 +138,7 @@ def open_connection(
         gateway = _gateway(name, way, verify, depth=0)
     except SSHConfigError as exc:
         raise ConnectError(name, str(exc)) from None
-    return _open(name, way, user, port, identity, verify, gateway)
+    return _open(name, way, user, port, identity, verify, gateway, password=password)
 
 
 def _gateway(name: str, way: Route, verify: _Verify, depth: int) -> "Connection | str | bool":
@@ -195,6 +198,7 @@ def _open(
     gateway: "Connection | str | bool",
     *,
     jump: str | None = None,
+    password: Callable[[], str] | None = None,
 ) -> Connection:
     user = user or way.user or _login_name()
     if user is None:
@@ -209,9 +213,16 @@ def _open(
     try:
         keys = keys_for(user, identities, only)
     except KeyProblem as problem:
-        if isinstance(gateway, Connection):
-            gateway.close()
-        raise ConnectError(name, f"cannot log in to {user}@{way.hostname}: {problem.message}", problem.hint) from None
+        if password is None:
+            if isinstance(gateway, Connection):
+                gateway.close()
+            raise ConnectError(name, f"cannot log in to {user}@{way.hostname}: {problem.message}",
+                               problem.hint) from None
+        keys = Keys()  # no key to offer: the password alone
+    if password is not None:
+        # Tried after every key: asked (once, by the caller) only when no key is accepted.
+        keys.sources.append(Password(user, password))
+        keys.offered.append("the password")
     connection = NodeConnection(
         way.hostname,
         user=user,
@@ -286,6 +297,11 @@ def translate_error(
             f" then `{scan} >> {target}`, or set "
             "cluster.ssh.host_key_policy: accept-new in the inventory",
         )
+    if isinstance(exc, paramiko.AuthenticationException) and "the password" in offered:
+        return ConnectError(name, f"authentication failed for {where}: it refused the password"
+                            + (f" and the key(s) offered: {', '.join(o for o in offered if o != 'the password')}"
+                               if len(offered) > 1 else ""),
+                            f"check the password of {user} on {name} (the one its console login takes) and run again")
     if isinstance(exc, paramiko.AuthenticationException):
         tried = ", ".join(offered) or (identity or "no key")
         key = identity or "~/.ssh/id_ed25519"

@@ -14,6 +14,7 @@ _VIEWS = {
     "bench_view": ("bench_level", "bench_table"),
     "check_view": ("check_report", "finding_lines", "fix_plan", "fix_results"),
     "consoles": ("CONSOLES", "error", "warn"),
+    "init_view": ("init_line", "init_plan"),
     "jsonout": ("JsonLines",),
     "link_view": ("SyncView", "linktest_event", "linktest_report"),
     "nodes_view": ("exec_results", "inventory_summary"),

@@ -3,9 +3,10 @@ concern, all of them in FAULTS, checked at import.
 
     driver.py   kernel-update, driver-mismatch, module-unloaded, proprietary-modules,
                 run-kernel-update, auto-upgrade, nvidia-smi-hung
-    link.py     crossed-rails, cable-other-port, link-down, mtu
+    link.py     crossed-rails, cable-other-port, rail-no-carrier, link-down, mtu
+    netplan.py  netplan-blip, netplan-other-tool
     memory.py   memory-hog, disk-full, memory-leak-after-stop
-    system.py   clock-skew, sudo-password, docker-group, node-reboot
+    system.py   clock-skew, sudo-password, docker-group, node-reboot, password-changed
     updates.py  unsafe-kernel-pending, driver-upgrade-pending, bad-kernel-pending
     engine.py   engine-hang
 
@@ -17,7 +18,7 @@ The stand-ins import this package to prune what a repair ended: keep its imports
 
 from __future__ import annotations
 
-from spark_cluster_lab.faults import driver, engine, link, memory, system, updates
+from spark_cluster_lab.faults import driver, engine, link, memory, netplan, system, updates
 from spark_cluster_lab.faults.base import Fault, check, record
 from spark_cluster_lab.faults.memory import MEMORY_HOG
 from spark_cluster_lab.faults.updates import offer_kernel
@@ -27,7 +28,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typ
 if TYPE_CHECKING:
     from typing import Any
 
-_CONCERNS = (driver, link, memory, system, updates, engine)
+_CONCERNS = (driver, link, netplan, memory, system, updates, engine)
 FAULTS: dict[str, Fault] = {f.name: f for module in _CONCERNS for f in module.FAULTS}
 
 
@@ -68,15 +69,14 @@ def prune_faults(state: dict[str, Any]) -> None:
 
 
 def heal(state: dict[str, Any]) -> dict[str, Any]:
-    """Back to healthy in place, keeping the node's identity, its images and containers and any
-    memory consumer a fault did not put there (a running vLLM's weights)."""
+    """Back to healthy in place, keeping the node's identity and any memory consumer a fault did
+    not put there (a running vLLM's weights)."""
     identity = state["identity"]
     fresh = healthy_state(identity["hostname"], identity["index"])
     fresh["identity"] = identity
     for key in ("uuid", "vbios"):
         fresh["gpu"][key] = state["gpu"][key]
     fresh["net"] = state["net"]
-    fresh["docker"] = state["docker"]
     fresh["memory"]["consumers"] = {n: c for n, c in state["memory"]["consumers"].items() if not c.get("fault")}
     state.clear()
     state.update(fresh)

@@ -57,6 +57,29 @@ CABLE_OTHER_PORT = Fault(
 )
 
 
+def _lose_twin(node: LiveNode) -> None:
+    from spark_cluster_lab.cabling import lose_twin
+
+    lose_twin(node.name)
+
+
+def _twin_back(node: LiveNode, state: dict[str, Any]) -> None:
+    from spark_cluster_lab.cabling import twin_back
+
+    if RAIL_NO_CARRIER.name in state["faults"]:
+        twin_back(node.name)
+
+
+RAIL_NO_CARRIER = Fault(
+    "rail-no-carrier",
+    summary="the second rail (twin) of the node's cable has no carrier at either end; the first still has",
+    said="{node}: {rail1} has no carrier, at either end of its cable ({rail0} still has)",
+    live=_lose_twin,
+    undo=_twin_back,
+    in_force=until_healed,
+)
+
+
 def _rails(node: LiveNode, **change: Any) -> None:
     from spark_cluster_lab import netns
 
@@ -69,8 +92,12 @@ def _unplug(node: LiveNode) -> None:
 
 
 def _rails_back(node: LiveNode, state: dict[str, Any]) -> None:
-    """Every rail up at the lab's MTU, whatever was recorded (undoes link-down and mtu)."""
+    """Every rail up at the lab's MTU, whatever was recorded (undoes link-down and mtu). A fresh
+    node's rails are init's to set: touched only when one of those two faults was recorded."""
     from spark_cluster_lab import netns
+
+    if node.fresh and not {LINK_DOWN.name, MTU.name} & set(state["faults"]):
+        return
 
     _rails(node, mtu=netns.LINK_MTU, up=True)
 
@@ -101,4 +128,4 @@ MTU = Fault(
 )
 
 # In heal's order: the cables back in place before the rails are set up.
-FAULTS = (CROSSED_RAILS, CABLE_OTHER_PORT, LINK_DOWN, MTU)
+FAULTS = (CROSSED_RAILS, CABLE_OTHER_PORT, RAIL_NO_CARRIER, LINK_DOWN, MTU)

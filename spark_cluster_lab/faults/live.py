@@ -30,6 +30,7 @@ class LiveNode:
         self.paths: NodePaths = node.paths
         self.user = LOGIN_USER
         self.home = f"/home/{LOGIN_USER}"
+        self.fresh = node.fresh  # `lab up --fresh`: heal puts back a fresh node's sudo rule and MTU
 
     def _enter(self) -> list[str]:
         return ["nsenter", "-t", str(self.init_pid), "-m", "-u", "-n", "-p", "--"]

@@ -27,14 +27,18 @@ CLOCK_SKEW = Fault(
 
 
 def _sudo_rule(node: LiveNode, password: bool) -> None:
-    """Rewrite the node's sudoers rule from inside it (its /etc is an overlay)."""
+    """Rewrite the node's sudoers rule from inside it (its /etc is an overlay). A fresh node's own
+    rule is another file (node_fresh.FRESH_SUDOERS): healed, it has none here."""
     import shlex
 
     from spark_cluster.core.errors import LabError
     from spark_cluster_lab.login_user import sudoers_rule
 
-    done = node.run(["sh", "-c", f"printf '%s' {shlex.quote(sudoers_rule(password))} "
-                     "> /etc/sudoers.d/spark-lab && chmod 0440 /etc/sudoers.d/spark-lab"])
+    script = (f"printf '%s' {shlex.quote(sudoers_rule(password))} > /etc/sudoers.d/spark-lab "
+              "&& chmod 0440 /etc/sudoers.d/spark-lab")
+    if node.fresh and not password:
+        script = "rm -f /etc/sudoers.d/spark-lab"
+    done = node.run(["sh", "-c", script])
     if done.returncode != 0:
         raise LabError(f"{node.name}: could not change the sudo rule: {done.stderr.strip()}")
 
@@ -88,4 +92,36 @@ NODE_REBOOT = Fault(
     in_force=never,
 )
 
-FAULTS = (CLOCK_SKEW, SUDO_PASSWORD, DOCKER_GROUP, NODE_REBOOT)
+def _set_password(node: LiveNode, password: str) -> None:
+    """The login user's password on the node (usermod inside it: its /etc is an overlay)."""
+    from spark_cluster.core.errors import LabError
+    from spark_cluster_lab.login_user import password_hash
+
+    done = node.run(["usermod", "-p", password_hash(password), node.user])
+    if done.returncode != 0:
+        raise LabError(f"{node.name}: could not set {node.user}'s password: {done.stderr.strip()}")
+
+
+def _other_password(node: LiveNode) -> None:
+    import secrets
+
+    _set_password(node, secrets.token_urlsafe(12))
+
+
+def _lab_password(node: LiveNode, state: dict[str, Any]) -> None:
+    from spark_cluster_lab.login_user import SUDO_PASSWORD_FILE
+
+    if PASSWORD_CHANGED.name in state["faults"]:  # the lab's root holds the nodes' folder
+        _set_password(node, (node.paths.root.parents[1] / SUDO_PASSWORD_FILE).read_text().strip())
+
+
+PASSWORD_CHANGED = Fault(
+    "password-changed",
+    summary="the login user's password on the node is not the lab's: a login or sudo with the lab's is refused",
+    said="{node}: {user}'s password is no longer the lab's (a login with it is refused)",
+    live=_other_password,
+    undo=_lab_password,
+    in_force=until_healed,
+)
+
+FAULTS = (CLOCK_SKEW, SUDO_PASSWORD, DOCKER_GROUP, NODE_REBOOT, PASSWORD_CHANGED)

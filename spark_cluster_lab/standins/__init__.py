@@ -1,4 +1,4 @@
-"""Stand-ins for the NVIDIA, RDMA, packaging and container tools of a DGX Spark.
+"""Stand-ins for the NVIDIA, RDMA and packaging tools of a DGX Spark (and NVIDIA's container hook).
 
 Each tool is a tiny wrapper script (wrappers.write_wrappers) that calls main(tool, node_root).
 Only the module of the tool that runs is imported, and nothing outside the standard library
@@ -26,7 +26,8 @@ _ENTRY: dict[str, tuple[str, str]] = {
     "apt-get": ("apt", "apt_get"),
     "apt": ("apt", "apt"),
     "ibdev2netdev": ("rdma", "ibdev2netdev"),
-    "docker": ("docker", "docker"),
+    "nvidia-container-runtime-hook": ("nvidia_hook", "hook"),
+    "runc": ("runc", "runc"),
     "date": ("clock", "date"),
     "journalctl": ("logs", "journalctl"),
     "dmesg": ("logs", "dmesg"),
@@ -36,6 +37,7 @@ _ENTRY: dict[str, tuple[str, str]] = {
     "grub-editenv": ("grub", "grub_editenv"),
     "grub-set-default": ("grub", "grub_set_default"),
     "update-grub": ("grub", "update_grub"),
+    "netplan": ("netplan", "netplan"),  # a fresh lab's nodes only (node_fresh.py)
 }
 
 

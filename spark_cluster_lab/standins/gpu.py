@@ -1,9 +1,10 @@
 """The GPU as its driver shows it to every nvidia-smi view (the table, -q, --query-*) and to
-docker's --gpus: the CUDA version the driver offers, NVML's failures, the processes holding it."""
+NVIDIA's container hook: the CUDA version the driver offers, NVML's failures, the processes holding it."""
 
 from __future__ import annotations
 
 from spark_cluster_lab.catalog import userspace_driver
+from spark_cluster_lab.consumers import local_pid
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ def gpu_processes(state: dict[str, Any]) -> list[dict[str, Any]]:
         procs += [dict(p) for p in state["gpu"]["display_processes"]]
     for name, c in state["memory"]["consumers"].items():
         if c.get("gpu") and c.get("pid") is not None:
-            procs.append({"pid": c["pid"], "type": c.get("type", "C"), "name": c.get("process", name),
+            # As the driver shows it: the pid as the node numbers it (a container's process too).
+            procs.append({"pid": local_pid(state, c) or c["pid"], "type": c.get("type", "C"),
+                          "name": c.get("process", name),
                           "mib": int(c["kib"]) // 1024})
     return procs

@@ -11,7 +11,7 @@ from pathlib import Path
 from spark_cluster_lab.catalog import (
     KERNELS, NVIDIA_MODULES, RDMA_MODULES, installed_kernels, module_driver, module_load_error, module_source,
 )
-from spark_cluster_lab.consumers import process_start
+from spark_cluster_lab.consumers import local_pid, process_start
 from spark_cluster_lab.standins.common import Ctx, err, is_root, out
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the cost of importing typing at each tool start
@@ -96,10 +96,11 @@ def boot(state: dict[str, Any]) -> None:
         consumers.pop(name)
     for name in [n for n, c in consumers.items() if c.get("pid") is not None]:
         gone = consumers.pop(name)
+        pid = local_pid(state, gone)
         # A reboot ends every process: the one recorded, if that pid still is that process.
-        if gone.get("start") is not None and process_start(gone["pid"]) == gone["start"]:
+        if pid and gone.get("start") is not None and process_start(pid) == gone["start"]:
             try:
-                os.kill(gone["pid"], signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
     state["reboot_required"] = False
@@ -114,10 +115,7 @@ def reboot(ctx: Ctx, argv: list[str]) -> int:
         err("Failed to set wall message, ignoring: Interactive authentication required.\n"
             "Call to Reboot failed: Interactive authentication required.")
         return 1
-    from spark_cluster_lab.standins.containers import stop_all
-
     with ctx.locked() as state:
-        stop_all(ctx, state)
         if not _init_reboots(ctx):
             boot(state)  # no lab init to ask (a unit test's scratch node): the state reboots now
             return 0
