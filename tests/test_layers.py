@@ -234,3 +234,16 @@ def test_help_imports_little() -> None:
     assert heavy == []
     added = set(help_run) - set(_imported("import click"))
     assert len(added) <= HELP_MODULE_BUDGET, sorted(added)
+
+
+def test_a_command_loads_no_other_commands_modules() -> None:
+    # `check` runs in about a second: it must not pay for diagnose's log patterns or the views of
+    # bench and watch (cli imports a command's module when it runs; ui a view on first use).
+    loaded = _imported("import sys; sys.argv = ['spark-cluster', 'check', '--help']\n"
+                       "from spark_cluster.cli import main\n"
+                       "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+    assert "spark_cluster.cli.preflight" in loaded
+    others = ("spark_cluster.cli.diagnose", "spark_cluster.cli.observe", "spark_cluster.cli.serve",
+              "spark_cluster.core.vllm_events", "spark_cluster.ui.bench_view", "spark_cluster.ui.watch_view",
+              "spark_cluster_lab")
+    assert sorted(m for m in loaded if m.startswith(others)) == []
