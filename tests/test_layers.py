@@ -247,3 +247,20 @@ def test_a_command_loads_no_other_commands_modules() -> None:
               "spark_cluster.core.vllm_events", "spark_cluster.ui.bench_view", "spark_cluster.ui.watch_view",
               "spark_cluster_lab")
     assert sorted(m for m in loaded if m.startswith(others)) == []
+
+
+def test_every_name_the_lazy_tables_promise_is_there() -> None:
+    # cli and ui name what they import later by string: a misspelt module or name would show only
+    # when a user runs that command.
+    import click
+
+    from spark_cluster import ui
+    from spark_cluster.cli import COMMANDS, cli
+
+    for name in ui.__all__:
+        assert getattr(ui, name) is not None, name
+    ctx = click.Context(cli)
+    for name in COMMANDS:
+        command = cli.get_command(ctx, name)
+        assert isinstance(command, click.Command) and command.name == name, name
+    assert set(COMMANDS) <= set(cli.list_commands(ctx))
