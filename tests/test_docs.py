@@ -6,6 +6,7 @@ is also fed a doctored text, to show that it fails when a doc goes wrong."""
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -92,9 +93,11 @@ def command_lines(text: str) -> list[tuple[int, list[str], bool]]:
 
 # --- the parse ---------------------------------------------------------------------------------
 
+@functools.cache
 def subcommands(group: click.Group) -> dict[str, click.Command]:
     """A group's commands as a user reaches them: the CLI loads each command's module by name only
-    when it runs, so `group.commands` alone is empty."""
+    when it runs, so `group.commands` alone is empty. Once per group: listing them reads every
+    installed package's entry points, and each doc line walks the groups again."""
     ctx = click.Context(group)
     return {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
 
