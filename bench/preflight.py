@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
 """Benchmark `spark-cluster check` on the simulated lab.
 
-    sudo .venv/bin/python bench/preflight.py [--runs N]
+    sudo .venv/bin/python bench/preflight.py [--runs N] [--compare REF] [--no-8]
 
 1. `lab up` (2 nodes), one warm-up of each contender, then N timed runs of
    `spark-cluster check INV --json` and N of bench/baseline_preflight.sh (the same probes,
-   one `ssh` call each, node after node), alternating.
-2. `lab down`, `lab up --nodes 8`, one warm-up, N timed runs of check on 8 nodes.
-3. Prints per-run times, medians, min/max and the two ratios with PASS/MISS:
-   baseline/check on 2 nodes (target >= 5) and check 8 nodes / 2 nodes (target <= 1.5).
+   one `ssh` call each, node after node), alternating. With `--compare REF`, the check of
+   git revision REF (`git archive` into a temporary folder, run from there as the console
+   script runs it) is a third contender in the same rounds, on the same lab and load.
+2. Unless `--no-8`: `lab down`, `lab up --nodes 8`, one warm-up, N timed runs of check on 8 nodes.
+3. Prints per-run times, medians, min/max and the ratios with PASS/MISS: check on 2 nodes
+   (target < 1.0 s), baseline/check on 2 nodes (target >= 6) and check 8 nodes / 2 nodes
+   (target <= 1.5).
+
+Every contender runs with its .pyc files written (as `pip install` leaves an installed
+package): PYTHONDONTWRITEBYTECODE is dropped from their environment and the sources are
+compiled once before the warm-up.
 
 Every time is the wall time of the whole command, started as a subprocess the way a user
 starts it (interpreter start-up and imports included). Next to it: `check`'s own "seconds"
@@ -44,7 +51,8 @@ from spark_cluster.core.facts import probes_for  # noqa: E402
 from spark_cluster.core.inventory import load_inventory  # noqa: E402
 
 BASELINE = HERE / "baseline_preflight.sh"
-TARGET_SPEEDUP = 5.0  # baseline / check on 2 nodes: at least this
+TARGET_SPEEDUP = 6.0  # baseline / check on 2 nodes: at least this
+TARGET_CHECK2_S = 1.0  # check on 2 nodes, end to end: under this
 TARGET_SCALING = 1.5  # check on 8 nodes / check on 2 nodes: at most this
 
 
@@ -75,7 +83,7 @@ class Run:
     wall: float  # seconds, the whole command
     cpu: float  # CPU-seconds the whole machine spent meanwhile
     controller_cpu: float  # CPU-seconds of the command and its children (check; bash + ssh)
-    nodes_cpu: list[float] | None  # CPU-seconds of each node's sshd and all below it
+    nodes_cpu: list[float] | None  # CPU-seconds of each node: its init, sshd and all below them
     inner: float | None = None  # check's own "seconds" (no interpreter start-up)
     note: str = ""
 
@@ -96,17 +104,30 @@ class Series:
 HZ = os.sysconf("SC_CLK_TCK")
 
 
-def sshd_pids() -> list[int]:
-    """PID of each lab node's sshd (PID 1 of its PID namespace), in node order."""
+def node_inits() -> list[int]:
+    """PID of each lab node's init (PID 1 of its PID namespace), in node order."""
     from spark_cluster_lab.lab import load_lab
 
     lab = load_lab()
     return [node.sshd_pid for node in lab.nodes] if lab else []
 
 
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def tree_cpu(pid: int) -> float | None:
-    """CPU-seconds of a process and of every child it has collected: for a node's sshd, every
-    connection, shell, runner, probe and stand-in that node ran (utime+stime+cutime+cstime)."""
+    """CPU-seconds of a process and of every child it has collected (utime+stime+cutime+cstime)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -115,30 +136,50 @@ def tree_cpu(pid: int) -> float | None:
     return sum(int(x) for x in fields[11:15]) / HZ
 
 
-def settle(pids: list[int], deadline_s: float = 2.0) -> None:
-    """Wait until each sshd has collected its connection processes, so their CPU is counted."""
+def node_cpu(init: int) -> float | None:
+    """CPU-seconds of a node: its init and each process under it, with all they collected. The
+    sshd is one of them, so every connection, shell, runner, probe and stand-in it ran counts
+    once the sshd has collected it; an orphan that init collected counts through init. (The
+    init's own figure alone misses all that sshd ran while sshd lives.)"""
+    own = tree_cpu(init)
+    if own is None:
+        return None
+    return own + sum(tree_cpu(c) or 0.0 for c in children(init))
+
+
+def settle(inits: list[int], deadline_s: float = 2.0) -> None:
+    """Wait until each node's sshd has collected its connection processes (so their CPU is
+    counted): no sshd under a node's init has a child left."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        try:
-            if not any(Path(f"/proc/{p}/task/{p}/children").read_text().strip() for p in pids):
-                return
-        except OSError:
+        sshds = [c for i in inits for c in children(i) if comm(c) == "sshd"]
+        if not any(children(s) for s in sshds):
             return
         time.sleep(0.02)
 
 
-def timed(argv: list[str]) -> tuple[Run, subprocess.CompletedProcess[str]]:
-    pids = sshd_pids()
-    nodes0 = [tree_cpu(p) for p in pids]
+def contender_env(pythonpath: Path | None = None) -> dict[str, str]:
+    """The environment of a timed command: .pyc files read and written as for an installed
+    package; with `pythonpath`, that checkout's spark_cluster ahead of the venv's."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return env
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[Run, subprocess.CompletedProcess[str]]:
+    pids = node_inits()
+    nodes0 = [node_cpu(p) for p in pids]
     mine0 = os.times()
     busy0, _ = cpu_jiffies()
     start = time.perf_counter()
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          env=env or contender_env())
     wall = time.perf_counter() - start
     busy1, _ = cpu_jiffies()
     mine1 = os.times()
     settle(pids)
-    nodes1 = [tree_cpu(p) for p in pids]
+    nodes1 = [node_cpu(p) for p in pids]
     controller = (mine1.children_user - mine0.children_user) + (mine1.children_system - mine0.children_system)
     nodes = None
     if pids and None not in nodes0 and None not in nodes1:
@@ -150,8 +191,14 @@ class BenchError(Exception):
     pass
 
 
-def run_check(inventory: Path, nodes: int) -> Run:
-    run, proc = timed([str(CLI), "check", str(inventory), "--json"])
+def run_check(inventory: Path, nodes: int, source: Path | None = None) -> Run:
+    """`spark-cluster check` of this checkout, or with `source` of that one (--compare)."""
+    if source is None:
+        run, proc = timed([str(CLI), "check", str(inventory), "--json"])
+    else:
+        # What the console script runs; -P: the current folder (this checkout) must not come first.
+        run, proc = timed([str(CLI.parent / "python"), "-P", "-c", "from spark_cluster.cli import main; main()",
+                           "check", str(inventory), "--json"], contender_env(source))
     try:
         report = json.loads(proc.stdout)
     except ValueError:
@@ -266,25 +313,55 @@ def verdict(ok: bool) -> str:
 
 # --- the bench ------------------------------------------------------------------------
 
-def bench(runs: int, work: Path) -> None:
+def archive(ref: str, into: Path) -> Path:
+    """spark_cluster of git revision `ref`, extracted into `into` and compiled."""
+    into.mkdir(parents=True)
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", ref, "spark_cluster"], capture_output=True)
+    if tar.returncode != 0:
+        raise BenchError(f"git archive {ref} failed: {tar.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar.stdout, check=True)
+    return into
+
+
+def compile_sources(*folders: Path) -> None:
+    """Write the .pyc files an installed package has, so that no contender compiles its sources
+    on every run (as it would with PYTHONDONTWRITEBYTECODE set and no cache)."""
+    for folder in folders:
+        subprocess.run([str(CLI.parent / "python"), "-m", "compileall", "-q", str(folder)],
+                       env=contender_env(), stdout=subprocess.DEVNULL, check=True)
+
+
+def bench(runs: int, work: Path, compare: str | None, eight: bool) -> None:
     inv2, inv8, plan = work / "lab2.yaml", work / "lab8.yaml", work / "plan"
 
     print(f"machine: {cpu_model()}; {machine()}; python {sys.version.split()[0]}")
     print(f"spark-cluster: {CLI}")
+    other = archive(compare, work / "compare") if compare else None
+    compile_sources(REPO / "spark_cluster", *([other] if other else []))
 
     lab("up", "--nodes", "2", "--inventory-out", str(inv2))
     key, known_hosts, probe_count = write_plan(inv2, plan)
     print(f"\n2-node lab up; {probe_count} probes in all "
           f"(check: 1 ssh round trip per node; baseline: {probe_count} ssh calls); {machine()}")
     run_check(inv2, 2)  # warm-up: page cache, sshd, the nodes' .pyc files
+    if other:
+        run_check(inv2, 2, other)
     run_baseline(key, known_hosts, plan)
     check2, base2 = Series("check 2 nodes"), Series("baseline 2 nodes")
+    old2 = Series(f"check of {compare} 2 nodes")
     for i in range(runs):
         check2.runs.append(run_check(inv2, 2))
+        line = f"  run {i + 1}/{runs}: check {check2.runs[-1].wall:.3f} s"
+        if other:
+            old2.runs.append(run_check(inv2, 2, other))
+            line += f", check of {compare} {old2.runs[-1].wall:.3f} s"
         base2.runs.append(run_baseline(key, known_hosts, plan))
-        print(f"  run {i + 1}/{runs}: check {check2.runs[-1].wall:.3f} s, baseline {base2.runs[-1].wall:.3f} s",
-              flush=True)
+        print(f"{line}, baseline {base2.runs[-1].wall:.3f} s", flush=True)
     lab("down")
+    two = [check2, *([old2] if other else []), base2]
+    if not eight:
+        report(two, None, compare)
+        return
 
     lab("up", "--nodes", "8", "--inventory-out", str(inv8))
     inventory8 = load_inventory(inv8)
@@ -297,24 +374,39 @@ def bench(runs: int, work: Path) -> None:
         check8.runs.append(run_check(inv8, 8))
         print(f"  run {i + 1}/{runs}: check {check8.runs[-1].wall:.3f} s", flush=True)
     lab("down")
+    report(two, check8, compare)
 
+
+def report(two: list[Series], check8: Series | None, compare: str | None) -> None:
+    check2, base2 = two[0], two[-1]
+    every = [*two, *([check8] if check8 else [])]
     print(f"\nper run (after: {machine()}):")
-    for series in (check2, base2, check8):
+    for series in every:
         show_runs(series)
-    speedup = base2.median / check2.median
-    scaling = check8.median / check2.median
     print()
-    for series in (check2, base2, check8):
+    for series in every:
         print(summary(series))
+    print(f"check 2 nodes: median {check2.median:.3f} s (target < {TARGET_CHECK2_S:g} s) "
+          f"{verdict(check2.median < TARGET_CHECK2_S)}")
+    speedup = base2.median / check2.median
     print(f"ratio baseline/check: {speedup:.2f}x (target >= {TARGET_SPEEDUP:g}) "
           f"{verdict(speedup >= TARGET_SPEEDUP)}")
-    print(f"ratio check 8 nodes / 2 nodes: {scaling:.2f}x (target <= {TARGET_SCALING:g}) "
-          f"{verdict(scaling <= TARGET_SCALING)}")
+    if compare:
+        old = two[1]
+        print(f"check of {compare}: median {old.median:.3f} s, ratio baseline/it {base2.median / old.median:.2f}x; "
+              f"this checkout takes {check2.median / old.median:.2f} of its time")
+    if check8:
+        scaling = check8.median / check2.median
+        print(f"ratio check 8 nodes / 2 nodes: {scaling:.2f}x (target <= {TARGET_SCALING:g}) "
+              f"{verdict(scaling <= TARGET_SCALING)}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs of each (default 5)")
+    parser.add_argument("--compare", metavar="REF", help="also time the check of this git revision, "
+                        "in the same rounds (e.g. main)")
+    parser.add_argument("--no-8", dest="eight", action="store_false", help="skip the 8-node lab")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -330,7 +422,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     try:
-        bench(args.runs, work)
+        bench(args.runs, work, args.compare, args.eight)
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -234,3 +234,33 @@ def test_help_imports_little() -> None:
     assert heavy == []
     added = set(help_run) - set(_imported("import click"))
     assert len(added) <= HELP_MODULE_BUDGET, sorted(added)
+
+
+def test_a_command_loads_no_other_commands_modules() -> None:
+    # `check` runs in about a second: it must not pay for diagnose's log patterns or the views of
+    # bench and watch (cli imports a command's module when it runs; ui a view on first use).
+    loaded = _imported("import sys; sys.argv = ['spark-cluster', 'check', '--help']\n"
+                       "from spark_cluster.cli import main\n"
+                       "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+    assert "spark_cluster.cli.preflight" in loaded
+    others = ("spark_cluster.cli.diagnose", "spark_cluster.cli.observe", "spark_cluster.cli.serve",
+              "spark_cluster.core.vllm_events", "spark_cluster.ui.bench_view", "spark_cluster.ui.watch_view",
+              "spark_cluster_lab")
+    assert sorted(m for m in loaded if m.startswith(others)) == []
+
+
+def test_every_name_the_lazy_tables_promise_is_there() -> None:
+    # cli and ui name what they import later by string: a misspelt module or name would show only
+    # when a user runs that command.
+    import click
+
+    from spark_cluster import ui
+    from spark_cluster.cli import COMMANDS, cli
+
+    for name in ui.__all__:
+        assert getattr(ui, name) is not None, name
+    ctx = click.Context(cli)
+    for name in COMMANDS:
+        command = cli.get_command(ctx, name)
+        assert isinstance(command, click.Command) and command.name == name, name
+    assert set(COMMANDS) <= set(cli.list_commands(ctx))

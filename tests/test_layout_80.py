@@ -172,8 +172,11 @@ def test_status(failed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("failed", [False, True])
 def test_watch(failed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.ui import watch_view
     from spark_cluster.ui.watch_view import dashboard, summary_line
 
+    # The dashboard shows the time: the two renders compared must not straddle a second.
+    monkeypatch.setattr(watch_view.time, "strftime", lambda fmt, *t: "05:32:18")
     data = status_data(failed)
     shown = reads_at_80(lambda: CONSOLES.out.print(dashboard(data, _sim(), ["restart 1: ready again"])), monkeypatch,
                         quoted=("evidence:", "SSH: timed out"))

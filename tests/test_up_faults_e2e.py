@@ -264,8 +264,14 @@ def test_disk_filling_during_the_copy_names_spark_b_and_its_disk(lab: Path, tmp_
 def test_ctrl_c_during_the_copy_keeps_what_arrived_and_up_resumes(lab: Path, tmp_path: Path) -> None:
     synced = slowed(lab, tmp_path, sync=True)
     with copy_throttled(lab):
+        # What a copy that failed earlier leaves behind (the disk-full test's, just before this one)
+        # must not be read as this copy's progress, nor let Ctrl-C fall before a chunk arrived.
+        stale = f"echo '{{\"bytes\": 123456789, \"files\": 3}}' > {MODEL}/.spark-sync.progress"
+        assert on_node(lab, "spark-b", stale).returncode == 0
         up = Up(synced)
         up.until_copying()
+        moved = [e["bytes"] for e in up.events if e.get("event") == "sync" and e.get("kind") == "progress"]
+        assert 123456789 not in moved, moved
         up.proc.send_signal(signal.SIGINT)
         last, _ = ended(up, "interrupted", "spark-b", "weights", timeout_s=60)
     assert "the copy to spark-b was stopped at both ends; what arrived is kept" in last["message"], last

@@ -9,49 +9,70 @@ import os
 import sys
 import time
 import traceback
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import click
 
 from spark_cluster import __version__, ui
-from spark_cluster.cli import (
-    diagnose,
-    fit,
-    guard,
-    init,
-    link,
-    nodes,
-    observe,
-    preflight,
-    serve,
-    service,
-    supervise,
-)
 from spark_cluster.core.errors import SparkClusterError
 
 DEBUG_LOG = Path("~/.spark-cluster/debug.log").expanduser()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Each command's module, imported only when that command runs (or --help lists them all): `check`
+# must not pay for the imports of `diagnose` or `bench` (rich tables, the log reader's patterns).
+COMMANDS = {
+    "init": ("init", "init"), "validate": ("nodes", "validate"), "exec": ("nodes", "exec_"),
+    "check": ("preflight", "check"), "fix": ("preflight", "fix"), "linktest": ("link", "linktest"),
+    "sync": ("link", "sync"), "up": ("serve", "up"), "down": ("serve", "down"), "logs": ("serve", "logs"),
+    "status": ("observe", "status"), "watch": ("observe", "watch"), "bench": ("observe", "bench"),
+    "diagnose": ("diagnose", "diagnose"), "guard": ("guard", "guard"), "supervise": ("supervise", "supervise"),
+    "service": ("service", "service"), "fit": ("fit", "fit"),
+}
+PLUGINS = "spark_cluster.commands"
+
+
+class _Commands(click.Group):
+    """The commands above by name, and those another installed package adds (the simulated lab adds
+    `lab`), found by entry point so that this package imports none of them by name. Reading the
+    entry points scans every installed package, so that too waits until a name is not one of ours."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands, *_plugins()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:  # added with add_command (a test's, an embedding program's)
+            return self.commands[cmd_name]
+        if cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name]
+            return getattr(_load(f"spark_cluster.cli.{module}"), attr)
+        plugin = _plugins().get(cmd_name)
+        if plugin is None:
+            return None
+        try:
+            return plugin.load()
+        except ImportError:  # installed without what it needs (the `lab` extra): the rest still works
+            return None
+
+
+def _load(name: str):  # noqa: ANN202 - a module
+    # __import__ rather than importlib.import_module: -X importtime logs only the former, and
+    # tests/test_layers counts what a command loads from that log.
+    __import__(name)
+    return sys.modules[name]
+
+
+def _plugins() -> dict:  # name -> importlib.metadata.EntryPoint
+    from importlib.metadata import entry_points
+
+    return {p.name: p for p in entry_points(group=PLUGINS) if p.name not in COMMANDS}
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="spark-cluster")
 @click.option("--debug", is_flag=True, help="Show full tracebacks of internal errors.")
 def cli(debug: bool) -> None:
     """Turn DGX Sparks joined by their QSFP link into one vLLM server."""
-
-
-for command in (init.init, nodes.validate, nodes.exec_, preflight.check, preflight.fix, link.linktest, link.sync,
-                serve.up, serve.down, serve.logs, observe.status, observe.watch, observe.bench,
-                diagnose.diagnose, guard.guard, supervise.supervise, service.service, fit.fit):
-    cli.add_command(command)
-
-# Commands another installed package adds (the simulated lab adds `lab`). Named by entry point so
-# that this package imports none of them by name.
-for plugin in entry_points(group="spark_cluster.commands"):
-    try:
-        cli.add_command(plugin.load(), plugin.name)
-    except ImportError:  # installed without what it needs (the `lab` extra): the rest still works
-        continue
 
 
 def main(argv: list[str] | None = None) -> None:

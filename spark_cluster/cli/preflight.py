@@ -22,15 +22,20 @@ def check(inventory: str, as_json: bool) -> int:
 
     Exit 0 with no blocker, 1 with any, 2 on bad input.
     """
-    from spark_cluster.core.serve_plan import serve_plan_or_none
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.preflight import preflight
-    from spark_cluster.ui.report_view import report_dict
+
+    def plan():  # noqa: ANN202 - ServePlan | None; worked out (and imported) while the nodes answer
+        from spark_cluster.core.serve_plan import serve_plan_or_none
+
+        return serve_plan_or_none(inv)
 
     inv = load_inventory(inventory)
     with fleet_for(inv) as fleet:
-        report = preflight(inv, fleet, serve_plan_or_none(inv))
+        report = preflight(inv, fleet, plan)
+    from spark_cluster.ui.report_view import report_dict
+
     data = report_dict(report, [n.name for n in inv.nodes])
     if as_json:
         ui.CONSOLES.out.out(dumps(data))

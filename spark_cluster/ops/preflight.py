@@ -1,20 +1,27 @@
-"""Preflight: gather every node's facts in one round trip each, then run the checks."""
+"""Preflight: gather every node's facts in one round trip each, then run the checks.
+
+The checks' modules (and the launch plan, when given as a function) are loaded while the nodes
+answer, not before the question is sent: on a cold `check` they are a fair part of its time.
+"""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from spark_cluster.core.checks import Finding, run_checks
-from spark_cluster.core.checks.base import blocker, manual
 from spark_cluster.core.errors import CommandTimeout, SparkClusterError
 from spark_cluster.core.facts import Host, gather_command, parse_facts, probes_for
 from spark_cluster.core.facts.system import MEMINFO
 from spark_cluster.core.inventory import Inventory
-from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.transport.remote import Fleet, Node
+
+if TYPE_CHECKING:
+    from spark_cluster.core.checks import Finding
+    from spark_cluster.core.serve_plan import ServePlan
 
 GATHER_TIMEOUT = 30.0
 
@@ -55,6 +62,8 @@ class Report:
 
 
 def unreachable(node: str, error: Exception) -> Finding:
+    from spark_cluster.core.checks.base import blocker, manual
+
     first, _, hint = str(error).partition("\n  hint: ")
     if isinstance(error, CommandTimeout):  # it answered SSH, then was slow: not unreachable
         return blocker("facts.slow", node,
@@ -86,11 +95,18 @@ def fit_for_check(inventory: Inventory, fleet: Fleet, hosts: Mapping[str, Host],
         return None
 
 
-def preflight(inventory: Inventory, fleet: Fleet, plan: ServePlan | None) -> Report:
+def preflight(inventory: Inventory, fleet: Fleet,
+              plan: ServePlan | None | Callable[[], ServePlan | None]) -> Report:
     """Every node's facts and what the checks find in them; ``plan``: the launch the memory is
-    judged for (None without a servable model)."""
+    judged for (None without a servable model), or the function that works it out, called while
+    the nodes answer."""
     started = time.monotonic()
-    gathered = gather(inventory, fleet)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        asked = pool.submit(gather, inventory, fleet)
+        from spark_cluster.core.checks import run_checks
+
+        plan = plan() if callable(plan) else plan
+        gathered = asked.result()
     hosts = {n: f for n, f in gathered.items() if isinstance(f, Host)}
     findings = [unreachable(n, e) for n, e in gathered.items() if isinstance(e, Exception)]
     findings += run_checks(inventory, hosts, plan, fit_for_check(inventory, fleet, hosts, plan))

@@ -217,12 +217,15 @@ def transfer(inventory: Inventory, fleet: Fleet, plan: SyncPlan, target: TargetP
             outcome[side] = exc
 
     total = target.bytes
+    watcher = fleet.node(target.node)
+    # A copy that failed or was interrupted leaves its progress behind: read before this receiver
+    # writes its own, it would show the old copy's bytes as this one's.
+    watcher.run(join("rm", "-f", progress_file), timeout=20)
     began = time.monotonic()
     receiver = threading.Thread(target=run, args=("recv", target.node, json.dumps(receive_plan)))
     sender = threading.Thread(target=run, args=("send", plan.source, json.dumps(send_plan)))
     receiver.start()
     sender.start()
-    watcher = fleet.node(target.node)
     sender_gone: float | None = None
     try:
         while receiver.is_alive():
