@@ -53,18 +53,22 @@ def lab() -> None:
 @click.option("--reboot-seconds", type=click.FloatRange(0, 3600), default=None,
               help="How long a node stays down when it reboots (default 60: a Spark takes a "
                    "minute or more); changes a running lab's too.")
+@click.option("--topology", type=click.Choice(["pair", "ring", "switch"]), default=None,
+              help="How the rails meet: two nodes back to back (pair, the default for 2), three in a ring "
+                   "(each node's port 1 to the next one's port 0), or a switch (the default for 3 or more).")
 @click.option("--fresh", is_flag=True,
               help="Sparks as before `spark-cluster init`: QSFP ports without addresses at MTU 1500, a login "
                    "password (in /run/spark-lab/sudo-password), no authorized key, sudo asking the password.")
 def lab_up(count: int, inventory_out: Path | None, engine: str, cache_size: str, reboot_seconds: float | None,
-           fresh: bool) -> int:
+           topology: str | None, fresh: bool) -> int:
     """Create the simulated Sparks, start their sshd, write key and known_hosts."""
     need_lab_extra()
     from spark_cluster_lab import lab as simlab
 
     started = time.monotonic()
     lab_, created = simlab.up(count, inventory_out, engine=engine, cache_size=cache_size,
-                              reboot_s=reboot_seconds, say=ui.CONSOLES.out.print, fresh=fresh)
+                              reboot_s=reboot_seconds, say=ui.CONSOLES.out.print, fresh=fresh,
+                              topology=topology)
     verb = "up" if created else "already up"
     ui.CONSOLES.out.print(f"lab {verb}: {len(lab_.nodes)} nodes in {time.monotonic() - started:.1f} s")
     for node in lab_.nodes:

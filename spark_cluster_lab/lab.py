@@ -72,6 +72,7 @@ class LabNode:
 class Lab:
     root: Path
     nodes: tuple[LabNode, ...]
+    topology: str = "pair"
 
     @property
     def identity(self) -> Path:
@@ -127,13 +128,14 @@ def _require_tools() -> None:
 def load_lab(root: Path = LAB_ROOT) -> Lab | None:
     try:
         raw = json.loads((root / LAB_FILE).read_text())
-        return Lab(root, tuple(LabNode(**node) for node in raw["nodes"]))
+        nodes = tuple(LabNode(**node) for node in raw["nodes"])
+        return Lab(root, nodes, raw.get("topology") or netns.default_topology(len(nodes)))
     except (OSError, ValueError, TypeError, KeyError):
         return None  # none, or one an older version wrote: `down` still finds its namespaces
 
 
 def _save_lab(lab: Lab) -> None:
-    raw = {"nodes": [node.__dict__ for node in lab.nodes]}
+    raw = {"nodes": [node.__dict__ for node in lab.nodes], "topology": lab.topology}
     (lab.root / LAB_FILE).write_text(json.dumps(raw, indent=2) + "\n")
 
 
@@ -165,7 +167,7 @@ def _port_open(address: str, port: int = 22) -> bool:
 def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_ROOT,
        timeout_s: float = 15.0, engine: str = "emulator",
        cache_size: str = CACHE_SIZE, reboot_s: float | None = None, fresh: bool = False,
-       say: Callable[[str], None] = lambda line: None) -> tuple[Lab, bool]:
+       say: Callable[[str], None] = lambda line: None, topology: str | None = None) -> tuple[Lab, bool]:
     """Bring a lab of `count` nodes up; returns (lab, created). An identical healthy lab is kept
     (with `reboot_s`, the seconds its nodes stay down in a reboot, changed when given), its
     images brought up to the lab's code.
@@ -173,7 +175,8 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
     Both engines are on every node of any lab; `engine` picks the one the inventory names, and
     is refused here, before anything starts, where it cannot run. `fresh`: nodes as a Spark is
     before `spark-cluster init` (node_fresh.py), and no inventory: init writes it. `say` hears
-    the long steps."""
+    the long steps. `topology`: how the rails meet (netns.TOPOLOGIES; default a pair for two
+    nodes, a switch for more)."""
     require_root()
     _require_tools()
     engines.require(engine)
@@ -184,6 +187,15 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
                            "(drop --inventory-out)")
     if not 1 <= count <= 26:
         raise LabError(f"--nodes must be between 1 and 26, not {count}")
+    topology = topology or netns.default_topology(count)
+    if topology not in netns.TOPOLOGIES:
+        raise LabError(f"--topology {topology!r}: one of {', '.join(netns.TOPOLOGIES)}")
+    if topology == "ring" and count != netns.RING_NODES:
+        raise LabError(f"a ring is of {netns.RING_NODES} nodes, not {count}: --nodes {netns.RING_NODES}")
+    if topology == "pair" and count > 2:
+        raise LabError(f"a pair is of at most 2 nodes, not {count}: --topology switch")
+    if topology == "ring" and fresh:
+        raise LabError("a fresh lab is cabled as a pair or a switch: init does not set up a ring yet")
     if not re.fullmatch(r"[1-9][0-9]{0,5}[mMgG]", cache_size):
         raise LabError(f"--cache-size {cache_size!r}: give a size like 1g or 3072m")
     existing = load_lab(lab_root)
@@ -191,12 +203,16 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         if any(n.fresh != fresh for n in existing.nodes):
             raise LabError(f"a {'fresh' if existing.nodes[0].fresh else 'set-up'} lab is already up; "
                            "run `spark-cluster lab down` first")
+        if existing.topology != topology and len(existing.nodes) == count:
+            raise LabError(f"a lab cabled as a {existing.topology} is already up; "
+                           "run `spark-cluster lab down` first")
         if len(existing.nodes) == count and all(pid_alive(n.sshd_pid) for n in existing.nodes):
             if reboot_s is not None:
                 set_reboot_seconds(existing, reboot_s)
             _node_images(existing, _seed(say), timeout_s)
             if inventory_out is not None:
-                write_inventory(inventory_out, lab_root, [n.name for n in existing.nodes], engine)
+                write_inventory(inventory_out, lab_root, [n.name for n in existing.nodes], engine,
+                                existing.topology)
             return existing, False
         if len(existing.nodes) != count:
             raise LabError(
@@ -227,15 +243,15 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
                                            docker_root=image_store.prepare_node_store(name, seed)))
             if fresh:
                 make_fresh(all_paths[-1], lab_root)
-            netns.create_node(name, i)
-        netns.cable(names)
+            netns.create_node(name, i, port0_cabled=topology == "ring")
+        netns.cable(names, topology)
         if fresh:
             fresh_rails(names)
         nodes = []
         for i, (name, paths) in enumerate(zip(names, all_paths)):
             launcher, sshd = start_sshd(name, paths, cache_size)
             nodes.append(LabNode(name, i, str(netns.mgmt_address(i)), sshd, launcher, fresh))
-        lab = Lab(lab_root, tuple(nodes))
+        lab = Lab(lab_root, tuple(nodes), topology)
         _save_lab(lab)
         for node in nodes:
             def answering(node: LabNode = node) -> bool:
@@ -251,7 +267,7 @@ def up(count: int = 2, inventory_out: Path | None = None, lab_root: Path = LAB_R
         for node in nodes:
             _require_python(node, lab_root)
         if inventory_out is not None:
-            write_inventory(inventory_out, lab_root, names, engine)
+            write_inventory(inventory_out, lab_root, names, engine, topology)
         return lab, True
     except BaseException:
         down(lab_root)

@@ -51,11 +51,14 @@ def _engine_cluster_lines(lab_root: Path, engine: str) -> list[str]:
     ]
 
 
-def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator") -> str:
+def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator", topology: str | None = None) -> str:
     """The inventory of a lab of these nodes; inventories/sim.yaml is this for two with the
-    emulator, inventories/sim-real.yaml with the real engine."""
+    emulator, inventories/sim-real.yaml with the real engine. A ring says so and gives each
+    rail its peer; a pair or a switch is what an inventory without `topology` means."""
+    ring = topology == "ring"
     lines = [
         *_engine_cluster_lines(lab_root, engine),
+        *(["  topology: ring"] if ring else []),
         "  ssh:",
         "    host_key_policy: strict",
         f"    known_hosts: {lab_root / 'known_hosts'}",
@@ -74,6 +77,15 @@ def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator")
             f"      mtu: {netns.LINK_MTU}",
             "      rails:",
         ]
+        if ring:
+            for rail in netns.ring_rails(i, len(names)):
+                lines += [
+                    f"        - interface: {rail.interface}",
+                    f"          hca: {rail.hca}",
+                    f"          address: {rail.address}",
+                    f"          peer: {names[rail.peer]}",
+                ]
+            continue
         for rail in netns.RAILS:
             lines += [
                 f"        - interface: {rail.interface}",
@@ -92,6 +104,6 @@ def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator")
     return "\n".join(lines)
 
 
-def write_inventory(path: Path, lab_root: Path, names: list[str], engine: str) -> None:
+def write_inventory(path: Path, lab_root: Path, names: list[str], engine: str, topology: str | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_inventory(lab_root, names, engine))
+    path.write_text(render_inventory(lab_root, names, engine, topology))

@@ -2,7 +2,8 @@
 
 Two nodes are cabled back to back: each rail is one veth pair straight between the two
 namespaces, both ends named as on a Spark. Three or more go through a switch: a namespace
-holding one bridge per rail.
+holding one bridge per rail. Three can be a ring instead: each node's port 1 cabled to the next
+one's port 0, each twin of each cable a subnet of its own.
 """
 
 from __future__ import annotations
@@ -39,6 +40,34 @@ RAILS = (
 )
 # Port 0 has no cable in the lab: its netdevs exist and stay down, as on a real Spark.
 UNCABLED = ("enp1s0f0np0", "enP2p1s0f0np0")
+PORT0_HCAS = ("rocep1s0f0", "roceP2p1s0f0")
+TOPOLOGIES = ("pair", "ring", "switch")
+RING_NODES = 3
+
+
+def default_topology(count: int) -> str:
+    return "pair" if count <= 2 else "switch"
+
+
+@dataclass(frozen=True)
+class RingRail:
+    interface: str
+    hca: str
+    address: ipaddress.IPv4Interface
+    peer: int  # the index of the node at the cable's far end
+
+
+def ring_rails(index: int, count: int = RING_NODES) -> list[RingRail]:
+    """Node `index`'s rails in a ring, by subnet: cable k joins node k's port 1 to node k+1's
+    port 0, its twin t in 192.168.(100 + 2k + t).0/24, each end at .(10 + its node's index)."""
+    rails = []
+    for cable, port, peer in ((index, 1, (index + 1) % count), ((index - 1) % count, 0, (index - 1) % count)):
+        for twin in (0, 1):
+            interface, hca = ((RAILS[twin].interface, RAILS[twin].hca) if port == 1
+                              else (UNCABLED[twin], PORT0_HCAS[twin]))
+            address = ipaddress.IPv4Interface(f"192.168.{100 + 2 * cable + twin}.{10 + index}/24")
+            rails.append(RingRail(interface, hca, address, peer))
+    return sorted(rails, key=lambda r: r.address.network)
 
 
 def node_names(count: int) -> list[str]:
@@ -83,8 +112,9 @@ def create_mgmt_bridge() -> None:
     ip("link", "set", MGMT_BRIDGE, "up")
 
 
-def create_node(node: str, index: int) -> None:
-    """The node's namespace with its management port and its uncabled QSFP port."""
+def create_node(node: str, index: int, port0_cabled: bool = False) -> None:
+    """The node's namespace with its management port and, unless a ring cables it, its uncabled
+    QSFP port 0."""
     ns = namespace(node)
     ip("netns", "add", ns)
     ip("-n", ns, "link", "set", "lo", "up")
@@ -92,14 +122,20 @@ def create_node(node: str, index: int) -> None:
     ip("link", "set", ns, "master", MGMT_BRIDGE, "up")
     ip("-n", ns, "addr", "add", f"{mgmt_address(index)}/{MGMT_NET.prefixlen}", "dev", MGMT_IF)
     ip("-n", ns, "link", "set", MGMT_IF, "up")
+    if port0_cabled:
+        return
     # Port 0's twins as one veth pair inside the node (not every kernel has dummy
     # links): both exist, both stay down, as an uncabled port's netdevs do.
     first, second = UNCABLED
     ip("-n", ns, "link", "add", first, "mtu", "1500", "type", "veth", "peer", "name", second)
 
 
-def cable(nodes: Sequence[str]) -> None:
-    """Connect every node's rails: back to back for two nodes, through a switch otherwise."""
+def cable(nodes: Sequence[str], topology: str | None = None) -> None:
+    """Connect every node's rails: back to back for two nodes, in a ring for three when asked,
+    through a switch otherwise."""
+    if topology == "ring":
+        _cable_ring(nodes)
+        return
     if len(nodes) == 2:
         a, b = (namespace(n) for n in nodes)
         for rail in RAILS:
@@ -122,6 +158,18 @@ def cable(nodes: Sequence[str]) -> None:
         for rail in RAILS:
             ip("-n", ns, "addr", "add", str(rail_address(rail, i)), "dev", rail.interface)
             ip("-n", ns, "link", "set", rail.interface, "up")
+
+
+def _cable_ring(nodes: Sequence[str]) -> None:
+    for k, node in enumerate(nodes):
+        following = nodes[(k + 1) % len(nodes)]
+        for twin in (0, 1):
+            ip("link", "add", RAILS[twin].interface, "netns", namespace(node), "mtu", str(LINK_MTU), "type", "veth",
+               "peer", "name", UNCABLED[twin], "netns", namespace(following), "mtu", str(LINK_MTU))
+    for i, node in enumerate(nodes):
+        for rail in ring_rails(i, len(nodes)):
+            ip("-n", namespace(node), "addr", "add", str(rail.address), "dev", rail.interface)
+            ip("-n", namespace(node), "link", "set", rail.interface, "up")
 
 
 def set_link(node: str, interface: str, *, up: bool | None = None, mtu: int | None = None) -> None:

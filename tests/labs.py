@@ -190,10 +190,10 @@ class Pool:
         for name in ("spark-a", "spark-b"):  # a copy of the weights a killed `up` left at either end
             cli("exec", str(inventory), "--node", name, "--", "pkill -f '[s]park-sync[.]' || true", timeout=60)
 
-    def replace(self, count: int, fresh: bool = False):  # noqa: ANN201 - (Lab, list[str], Path | None)
-        """A lab of `count` nodes in place of the one up: returns it, what bringing the last one
-        down left behind (nothing, or a defect of `lab down`), and its emulator inventory (none
-        for a `fresh` lab: `init` writes it)."""
+    def replace(self, count: int, fresh: bool = False, topology: str | None = None):  # noqa: ANN201
+        """A lab of `count` nodes (cabled as `topology`: the lab's default when None) in place of
+        the one up: returns it, what bringing the last one down left behind (nothing, or a defect
+        of `lab down`), and its emulator inventory (none for a `fresh` lab: `init` writes it)."""
         from spark_cluster_lab import lab as simlab
         from spark_cluster_lab.lab_inventory import write_inventory
 
@@ -203,7 +203,7 @@ class Pool:
                         "session did not start")
         left = self._down() if current is not None else []
         began = time.monotonic()
-        lab, created = simlab.up(count, reboot_s=REBOOT_S, fresh=fresh)
+        lab, created = simlab.up(count, reboot_s=REBOOT_S, fresh=fresh, topology=topology)
         COUNTS["lab up"] += created
         COUNTS["lab up, seconds"] += round(time.monotonic() - began)
         self.created = True
@@ -211,7 +211,7 @@ class Pool:
         if fresh:
             return lab, left, None
         inventory = self.base / f"{count}-emulator.yaml"
-        write_inventory(inventory, lab.root, [node.name for node in lab.nodes], "emulator")
+        write_inventory(inventory, lab.root, [node.name for node in lab.nodes], "emulator", lab.topology)
         self.inventories = {}
         return lab, left, inventory
 

@@ -29,7 +29,7 @@ from spark_cluster.core.diagnose import STALLED_AFTER_S
 def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: float, stalled_after: float,
        as_json: bool) -> int:
     """Check every node, bring Ray up over the link, launch vLLM and follow it until it serves."""
-    from spark_cluster.core.serve_plan import serve_plan, serve_plan_or_none
+    from spark_cluster.core.serve_plan import refuse_a_ring, serve_plan, serve_plan_or_none
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.lock import cluster_lock
     from spark_cluster.ops.nodes import fleet_for
@@ -38,6 +38,8 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     from spark_cluster.ui.up_view import UpView
 
     inv = load_inventory(inventory)
+    if until != "check":
+        refuse_a_ring(inv)
     # The one launch plan of this `up`, carried through every stage. Stopping before vLLM, a
     # plan error is not this run's to report: check then judges memory without a plan.
     launches = until == "vllm" or dry_run

@@ -28,10 +28,12 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
             dry_run: bool) -> int:
     """Write the unit (restart on failure, after network-online) and an EnvironmentFile of mode
     0600 with the secrets supervise needs, then enable and start it."""
+    from spark_cluster.core.serve_plan import refuse_a_ring
     from spark_cluster.ops import service as svc
     from spark_cluster.ops.inventory import load_inventory
 
     inv = load_inventory(inventory)
+    refuse_a_ring(inv)  # the unit would run `up` and supervise: refused there, say it here
     if dry_run:
         svc.secrets_here(inv)
         ui.CONSOLES.out.out(svc.unit_text(inv, user, metrics_port, metrics_address), highlight=False)

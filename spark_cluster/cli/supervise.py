@@ -49,8 +49,9 @@ def supervise(inventory: str, metrics_port: int | None, metrics_address: str, ma
     if inv.model is None:
         raise UsageError(f"{inventory}: no model: section; supervise keeps a model served\n"
                          "  hint: add model: (see docs/inventory.md)")
-    from spark_cluster.core.serve_plan import serve_plan
+    from spark_cluster.core.serve_plan import refuse_a_ring, serve_plan
 
+    refuse_a_ring(inv)
     secret_values(serve_plan(inv).head)  # a key named but not set: said before anything runs
     stop = threading.Event()
 

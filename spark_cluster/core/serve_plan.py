@@ -187,6 +187,15 @@ def _flag_items(argv: list[str]) -> list[str]:
     return items
 
 
+def refuse_a_ring(inventory: Inventory) -> None:
+    """Ray and vLLM meet on each node's first rail (its link address), which on a ring reaches one
+    neighbour only: the third node could never join. Said before anything starts."""
+    if inventory.cluster.topology == "ring":
+        raise ServePlanError(f"{inventory.path}: cluster.topology is ring: serving across a ring is not supported "
+                             "yet (Ray and vLLM meet on each node's first rail, which reaches one neighbour only); "
+                             "linktest and check prove the ring; serve on two of its nodes with a pair inventory")
+
+
 def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_version: str | None = None) -> ServePlan:
     """The launch plan of the inventory's model on the inventory's nodes, in the spelling of
     ``vllm_version`` (the installed vLLM; None: the recipe's newest variant)."""

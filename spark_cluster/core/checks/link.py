@@ -46,11 +46,12 @@ def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Fin
                     f"ip addr: interfaces {listed}",
                     manual("check `interface:` in the inventory against `ibdev2netdev` on the node"))
                 continue
+            cut = f": its rail to {', '.join(sorted({n for n, _ in reach}))} carries nothing" if reach else ""
             if not interface.admin_up:
                 explained.update([key, *reach])
                 yield blocker(
                     "link.down", spec.name,
-                    f"{rail.interface} is administratively down on {spec.name}",
+                    f"{rail.interface} is administratively down on {spec.name}{cut}",
                     f"ip link: {rail.interface} state {interface.operstate}, no UP flag",
                     fix("link-up", interface=rail.interface))
                 continue
@@ -73,7 +74,7 @@ def check_links(inventory: Inventory, hosts: Mapping[str, Host]) -> Iterator[Fin
                 yield blocker(
                     "link.down", spec.name,
                     f"{rail.interface} has no carrier on {spec.name}: the QSFP cable is out, "
-                    "seated upside down, or in a different port on the other Spark",
+                    f"seated upside down, or in a different port on the other Spark{cut.replace(':', ';', 1)}",
                     f"ip link: {rail.interface} state {interface.operstate} (NO-CARRIER)",
                     manual(f"reseat the cable (pull-tab up), {CABLE_PORTS[inventory.cluster.topology]}; "
                            "`ibdev2netdev` must show the port (Up)"))

@@ -1,0 +1,64 @@
+"""Where the nodes meet when no rail reaches them all: on a ring each rail joins two neighbours
+only, so a rendezvous on the head's first rail leaves the third node out. There the ranks meet
+over the management network, as the community's ring launchers do, and the data still moves
+over every RoCE device (NCCL_IB_HCA lists all four).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+from spark_cluster.core.errors import SparkClusterError
+from spark_cluster.core.inventory import Inventory, NodeSpec
+from spark_cluster.core.shell import join
+from spark_cluster.transport.remote import Fleet
+
+SOCKET_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+                    "OMPI_MCA_btl_tcp_if_include")
+
+
+def needs_management(inventory: Inventory) -> bool:
+    return inventory.cluster.topology == "ring"
+
+
+def management_ip(spec: NodeSpec) -> str:
+    """The node's management address as this machine resolves it (its SSH address)."""
+    try:
+        return str(ipaddress.IPv4Address(spec.address))
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(spec.address, None, socket.AF_INET)[0][4][0]
+    except (OSError, IndexError) as exc:
+        raise SparkClusterError(f"{spec.name}: its address {spec.address!r} does not resolve to an IPv4 "
+                                f"address ({exc}); on a ring the nodes meet there: give its IP as "
+                                "nodes[].address") from exc
+
+
+def interface_of(ip: str, listing: str) -> str | None:
+    """The interface `ip -o -4 addr show` lists `ip` on."""
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[2] == "inet" and fields[3].split("/")[0] == ip:
+            return fields[1]
+    return None
+
+
+def management_env(inventory: Inventory, fleet: Fleet) -> dict[str, dict[str, str]]:
+    """Per node, what binds its ranks to the management network: its address, the interface
+    holding it, and the head's address as the rendezvous."""
+    addresses = {spec.name: management_ip(spec) for spec in inventory.nodes}
+    listed = fleet.run(join("ip", "-o", "-4", "addr", "show"), timeout=15)
+    head = addresses[inventory.head.name]
+    env: dict[str, dict[str, str]] = {}
+    for spec in inventory.nodes:
+        done = listed[spec.name]
+        interface = None if isinstance(done, Exception) else interface_of(addresses[spec.name], done.stdout)
+        if interface is None:
+            raise SparkClusterError(f"{spec.name}: no interface holds {addresses[spec.name]} (its address in the "
+                                    "inventory); on a ring the nodes meet over the management network: give "
+                                    "each node's management IP as nodes[].address")
+        env[spec.name] = {**dict.fromkeys(SOCKET_VARIABLES, interface), "VLLM_HOST_IP": addresses[spec.name],
+                          "MASTER_ADDR": head}
+    return env
