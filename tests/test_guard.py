@@ -156,3 +156,20 @@ def test_the_upgrade_says_per_node_what_it_will_do_before_it_starts(capsys) -> N
                    f"  which needs it for linux-image-{K18}",
                    f"                     {MOD}{K18}",
                    "spark-c  1 package to install; no reboot (no kernel, driver or firmware)"]
+
+
+def test_after_an_upgrade_a_node_pings_each_rail_that_reaches_the_peer() -> None:
+    from spark_cluster.core.inventory import parse_inventory
+    from spark_cluster.ops.guard_upgrade import _peer_pings
+    from spark_cluster_lab.lab_inventory import render_inventory
+
+    names = ["spark-a", "spark-b", "spark-c"]
+    ring = parse_inventory(render_inventory(Path("/run/spark-lab"), names, "emulator", "ring"), "ring.yaml")
+    a, b, c = ring.nodes
+    assert _peer_pings(a, b) == ["ping -c 1 -W 2 -M do -s 8972 -I enp1s0f1np1 192.168.100.11",
+                                 "ping -c 1 -W 2 -M do -s 8972 -I enP2p1s0f1np1 192.168.101.11"]
+    assert _peer_pings(a, c) == ["ping -c 1 -W 2 -M do -s 8972 -I enp1s0f0np0 192.168.104.12",
+                                 "ping -c 1 -W 2 -M do -s 8972 -I enP2p1s0f0np0 192.168.105.12"]
+    switch = parse_inventory(render_inventory(Path("/run/spark-lab"), names, "emulator"), "switch.yaml")
+    assert [p.split()[-1] for p in _peer_pings(switch.nodes[2], switch.nodes[0])] == ["192.168.100.10",
+                                                                                      "192.168.101.10"]

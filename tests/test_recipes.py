@@ -128,6 +128,9 @@ def test_a_good_minimal_recipe(tmp_path: Path) -> None:
     (GOOD + "env: {A: [1]}\n", "env.A must be"),
     (GOOD + "env: {1A: x}\n", "not an environment variable name"),
     (GOOD.replace("nodes: 1\n", ""), "missing key 'nodes'"),
+    (GOOD + "layouts: {tp: 2}\n", "layouts must be a list"),
+    (GOOD + "layouts: [{tp: 0}]\n", "layouts[0] must be {tp: N}"),
+    (GOOD + "layouts: [{tp: 2, ep: 2}]\n", "layouts[0] must be {tp: N}"),
     ("- a list\n", "a recipe is a mapping"),
     ("model: [unclosed\n", "not valid YAML"),
 ])
@@ -146,3 +149,10 @@ def test_recipe_args_forms(tmp_path: Path) -> None:
     assert r.argv == ("--enforce-eager", "--kv-cache-dtype", "fp8", "--compilation-config", '{"level":3}',
                       "--allowed-origins", "a", "b")
     assert r.arg("kv-cache-dtype") == ("fp8",) and r.arg("enable-eplb") is None
+
+
+def test_layouts_are_read_with_a_pipeline_of_one_when_left_out() -> None:
+    recipe = parse_recipe(GOOD + "layouts: [{tp: 2}, {tp: 2, pp: 2}]\n", "good.yaml")
+    assert recipe.layouts == ((2, 1), (2, 2))
+    assert recipe.describe_layouts() == "TP=2, TP=2 x PP=2"
+    assert load_recipe("qwen3-235b-a22b-gptq-int4").layouts == ((2, 1), (4, 1), (2, 2))

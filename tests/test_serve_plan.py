@@ -105,6 +105,20 @@ def test_recipe_tp_wins_and_must_fit() -> None:
     assert plan.tensor_parallel_size == 1 and plan.warnings and "idle" in plan.warnings[0]
 
 
+def four_nodes(inv: Inventory) -> Inventory:
+    more = [dataclasses.replace(inv.nodes[1], name=f"spark-{c}", role="worker") for c in "cd"]
+    return dataclasses.replace(inv, nodes=(*inv.nodes, *more))
+
+
+def test_a_recipe_serves_only_the_layouts_it_names() -> None:
+    four = four_nodes(LAB)
+    assert serve_plan(with_model(four, args=("--tensor-parallel-size", "4"))).tensor_parallel_size == 4
+    split = serve_plan(with_model(four, args=("--pipeline-parallel-size", "2")))
+    assert (split.tensor_parallel_size, argv_of(split)[argv_of(split).index("--pipeline-parallel-size") + 1]) == (2, "2")
+    with pytest.raises(ServePlanError, match=r"laid out as TP=2, TP=4, TP=2 x PP=2, not TP=1 x PP=4"):
+        serve_plan(with_model(four, args=("--tensor-parallel-size", "1", "--pipeline-parallel-size", "4")))
+
+
 def test_inventory_args_override_flag_by_flag() -> None:
     inv = with_model(LAB, args=("--gpu-memory-utilization", "0.8", "--max-model-len", "32768",
                                 "--kv-cache-dtype=auto", "--no-enable-expert-parallel", "--enforce-eager",

@@ -13,18 +13,21 @@ from spark_cluster.ui.jsonout import dumps
 @click.option("--model", "-m", default=None,
               help="A repo id in the head's Hugging Face cache, or a local checkpoint directory (default: the plan's).")
 @click.option("--tp", type=click.IntRange(1, 64), default=None, help="Tensor-parallel size (default: the plan's).")
+@click.option("--pp", type=click.IntRange(1, 64), default=None,
+              help="Pipeline-parallel size: each stage's ranks hold its layers only (default: the plan's).")
 @click.option("--ep/--no-ep", default=None, help="Expert parallel (default: the plan's).")
 @click.option("--max-model-len", type=click.IntRange(1), default=None,
               help="Tokens of one request (default: the plan's, else the model's).")
 @click.option("--kv-cache-dtype", default=None, help="auto, fp8, ... (default: the plan's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
-def fit(inventory: str, model: str | None, tp: int | None, ep: bool | None, max_model_len: int | None,
-        kv_cache_dtype: str | None, as_json: bool) -> int:
+def fit(inventory: str, model: str | None, tp: int | None, pp: int | None, ep: bool | None,
+        max_model_len: int | None, kv_cache_dtype: str | None, as_json: bool) -> int:
     """Weights and KV cache per node from config.json and the safetensors headers (nothing is
     downloaded): the largest context x concurrency that fits, and the verdict. Exit 1 if it does not fit.
 
     \b
     spark-cluster fit inventories/lab.yaml --max-model-len 32768
+    spark-cluster fit inventories/lab.yaml --tp 1 --pp 2
     """
     from spark_cluster.core.errors import UsageError
     from spark_cluster.core.fit import TORCH_BYTES
@@ -39,7 +42,7 @@ def fit(inventory: str, model: str | None, tp: int | None, ep: bool | None, max_
                          f"{', '.join(sorted(TORCH_BYTES))}")
     inv = load_inventory(inventory)
     plan = serve_plan(inv)
-    layout = with_overrides(layout_of(plan), tp, ep, max_model_len, kv_cache_dtype)
+    layout = with_overrides(layout_of(plan), tp, ep, max_model_len, kv_cache_dtype, pp)
     if layout.tp * layout.pp > len(inv.nodes):
         raise UsageError(f"--tp {layout.tp} x pipeline {layout.pp} needs {layout.tp * layout.pp} nodes; "
                          f"{inventory} lists {len(inv.nodes)}")

@@ -230,6 +230,10 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
     tp = set_default(args, "--tensor-parallel-size", str(n_nodes))
     pp = int(flag_value(args, "--pipeline-parallel-size") or 1)
     world = tp * pp
+    if recipe and recipe.layouts and (tp, pp) not in recipe.layouts:
+        raise ServePlanError(f"recipe {recipe.name} is laid out as {recipe.describe_layouts()}, not TP={tp} x PP={pp} "
+                             f"({inventory.path}, {n_nodes} nodes): set tensor-parallel-size and "
+                             "pipeline-parallel-size in model.args to one of those")
     warnings = []
     if world > n_nodes:
         raise ServePlanError(f"tensor-parallel-size {tp} x pipeline-parallel-size {pp} needs {world} GPUs but "

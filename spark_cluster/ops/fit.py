@@ -65,10 +65,13 @@ def _tokens(text: str) -> int:
 
 
 def with_overrides(layout: model_fit.Layout, tp: int | None = None, ep: bool | None = None,
-                   max_model_len: int | None = None, kv_cache_dtype: str | None = None) -> model_fit.Layout:
+                   max_model_len: int | None = None, kv_cache_dtype: str | None = None,
+                   pp: int | None = None) -> model_fit.Layout:
     changes: dict[str, object] = {}
     if tp is not None:
         changes["tp"] = tp
+    if pp is not None:
+        changes["pp"] = pp
     if ep is not None:
         changes["ep"] = ep
     if max_model_len is not None:

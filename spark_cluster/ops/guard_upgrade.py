@@ -67,11 +67,14 @@ def stop_cluster(inv: Inventory, fleet: Fleet) -> list[str]:
 
 
 def _peer_pings(spec: NodeSpec, peer: NodeSpec) -> list[str]:
-    """One don't-fragment ping per rail at the link's MTU, to the peer's address on that rail."""
+    """One don't-fragment ping at the link's MTU per rail that reaches the peer: to the peer's
+    rail in the same subnet (rail i to rail i on a pair or a switch; on a ring the twins of the
+    one cable between two neighbours, none to a node no rail reaches)."""
     size = spec.link.mtu - 28
     return [f"ping -c 1 -W 2 -M do -s {size} -I {shell.word(rail.interface)} "
             f"{shell.word(str(peer_rail.address.ip))}"
-            for rail, peer_rail in zip(spec.link.rails, peer.link.rails)]
+            for rail in spec.link.rails for peer_rail in peer.link.rails
+            if peer_rail.address.network == rail.address.network]
 
 
 def verify(node: Node, spec: NodeSpec, peers: list[NodeSpec], kernel: str | None) -> list[str]:

@@ -32,8 +32,8 @@ _FLAG = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
 _HF_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_KEYS = {"model", "nodes", "args", "weights_gib_per_node", "reference", "pitfalls", "env", "vllm"}
-_REQUIRED = _KEYS - {"env", "vllm"}
+_KEYS = {"model", "nodes", "args", "weights_gib_per_node", "reference", "pitfalls", "env", "vllm", "layouts"}
+_REQUIRED = _KEYS - {"env", "vllm", "layouts"}
 _VARIANT_KEYS = {"versions", "image", "args", "env"}
 _REFERENCE_KEYS = {"source", "image", "tok_s", "start_minutes", "notes"}
 
@@ -92,6 +92,11 @@ class Recipe:
     # The vLLM versions the recipe is written for, newest first; empty: it names none.
     variants: tuple[Variant, ...] = ()
     variant: Variant | None = None  # set by for_vllm: the one whose spelling args and env hold
+    # The (tensor, pipeline) parallel sizes the model divides into; empty: the recipe says none.
+    layouts: tuple[tuple[int, int], ...] = ()
+
+    def describe_layouts(self) -> str:
+        return ", ".join(f"TP={tp}" + (f" x PP={pp}" if pp > 1 else "") for tp, pp in self.layouts)
 
     def for_vllm(self, version: str | None) -> Recipe:
         """The recipe in the spelling of vLLM ``version``: the first variant that covers it, its
@@ -199,10 +204,28 @@ def _parse(data: Any, path: Path, problems: list[str]) -> Recipe | None:
         problems.append("pitfalls must be a list of one-line texts")
     env = _parse_env(data.get("env", {}), problems)
     variants = _parse_variants(data.get("vllm", []), problems)
+    layouts = _parse_layouts(data.get("layouts", []), problems)
     if problems or args is None or reference is None:
         return None
     return Recipe(path.stem, str(path), model, nodes, args, float(weights), reference, tuple(pitfalls), env,
-                  variants)
+                  variants, layouts=layouts)
+
+
+def _parse_layouts(value: Any, problems: list[str]) -> tuple[tuple[int, int], ...]:
+    """`layouts: [{tp: 2}, {tp: 2, pp: 2}]`: each a tensor-parallel size and a pipeline one (1 if left out)."""
+    if not isinstance(value, list):
+        problems.append("layouts must be a list like [{tp: 2}, {tp: 4}, {tp: 2, pp: 2}]")
+        return ()
+    layouts = []
+    for i, item in enumerate(value):
+        sizes = item if isinstance(item, dict) else {}
+        tp, pp = sizes.get("tp"), sizes.get("pp", 1)
+        if set(sizes) - {"tp", "pp"} or not all(type(n) is int and 1 <= n <= 64 for n in (tp, pp)):
+            problems.append(f"layouts[{i}] must be {{tp: N}} or {{tp: N, pp: M}} with whole numbers from 1 to 64, "
+                            f"got {item!r}")
+            continue
+        layouts.append((tp, pp))
+    return tuple(layouts)
 
 
 def _parse_variants(value: Any, problems: list[str]) -> tuple[Variant, ...]:
