@@ -111,8 +111,10 @@ class Engine:
         for rank, (bundle, _) in enumerate(bundles):
             name = worker_name(rank, args.tensor_parallel_size, args.pipeline_parallel_size,
                                args.enable_expert_parallel)
-            actor = f"vllm_Worker_{instance}" + (f"_TP{rank % args.tensor_parallel_size}"
-                                                 if args.tensor_parallel_size > 1 else "")
+            tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+            # One name a rank: with pipeline stages, TP0 is in every stage.
+            actor = (f"vllm_Worker_{instance}" + (f"_PP{rank // tp}" if pp > 1 else "")
+                     + (f"_TP{rank % tp}" if tp > 1 else ""))
             self.workers.append(
                 cls.options(name=actor, num_cpus=0, num_gpus=1, max_concurrency=2,
                             runtime_env={"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}},

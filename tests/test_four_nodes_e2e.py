@@ -45,8 +45,12 @@ def completion() -> dict:
 
 def engines(inventory: Path) -> dict[str, int]:
     """How many engine processes (vLLM's, or a Ray worker of it) each node runs."""
-    return {node: int(on_node(inventory, node, f"pgrep -f -c '{ENGINE}' || true").stdout.strip() or 0)
-            for node in NODES}
+    counts = {}
+    for node in NODES:  # exec heads the output with a line naming the node: the count is the last
+        said = on_node(inventory, node, f"pgrep -f -c '{ENGINE}' || true").stdout.strip().splitlines()
+        assert said and said[-1].isdigit(), said
+        counts[node] = int(said[-1])
+    return counts
 
 
 def down_leaves_nothing(inventory: Path) -> None:
