@@ -5,7 +5,7 @@ and which rails carry traffic between which nodes.
 - ``ring``: three Sparks, each one's two QSFP ports cabled to its two neighbours. A rail reaches
   one neighbour only, so every rail names it (``peer:``); the two ends of a twin share a subnet.
 - ``switch``: two or more Sparks on one switch: rails[i] of every node on one L2 segment, one
-  subnet. 2 to 8 is what has been proven (SparkRing's range); more pass with a warning
+  subnet. 2 to 8 is what has been proven together; more pass with a warning
   (``unproven``): a switch takes as many Sparks as it has ports, and rails[i]'s subnet bounds it.
 
 An inventory that does not say is a pair if it has one or two nodes, else a switch: rails[i] of
@@ -23,7 +23,7 @@ from spark_cluster.core.yaml_lines import YamlPath
 
 TOPOLOGIES = ("pair", "ring", "switch")
 RING_NODES = 3
-PROVEN_SWITCH_NODES = 8  # SparkRing's range; more are let through with a warning
+PROVEN_SWITCH_NODES = 8  # proven together; more are let through with a warning
 _COUNTS: dict[str, tuple[int, int | None]] = {"pair": (1, 2), "ring": (RING_NODES, RING_NODES), "switch": (2, None)}
 _OTHERS = "pair for two Sparks on one cable, ring for three, switch for two or more on a switch"
 
