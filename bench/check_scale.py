@@ -28,6 +28,7 @@ import signal
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from preflight import (REPO, BenchError, Run, Series, archive, compile_sources, cpu_model, lab,  # noqa: E402
@@ -41,7 +42,7 @@ def node_mean(r: Run) -> float:
     return statistics.mean(r.nodes_cpu) if r.nodes_cpu else float("nan")
 
 
-def med(series: Series, of) -> float:  # noqa: ANN001 - a Run -> float
+def med(series: Series, of: Callable[[Run], float]) -> float:
     return statistics.median(of(r) for r in series.runs)
 
 
