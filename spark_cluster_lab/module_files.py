@@ -5,8 +5,6 @@ node's packages say."""
 
 from __future__ import annotations
 
-import shutil
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from spark_cluster_lab.layout import NodePaths
@@ -32,4 +30,8 @@ def render_modules(want: set[str], paths: NodePaths) -> None:
             if not any(d.iterdir()):
                 d.rmdir()
         if kdir.is_dir() and not any(kdir.iterdir()):
+            # Here, not at the top: every stand-in imports this module, and shutil brings zlib,
+            # bz2 and lzma with it; only a kernel's removal needs it.
+            import shutil
+
             shutil.rmtree(kdir)

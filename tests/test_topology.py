@@ -3,11 +3,16 @@ line, naming the node), and which rail pairs carry traffic."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_cluster.core.inventory import Hop, InventoryError, directed, hops, parse_inventory
+from spark_cluster.cli import main
+from spark_cluster.core.inventory import Hop, InventoryError, directed, hops, parse_inventory, unproven
 
 HEAD = "cluster:\n  name: t\n  runtime: host\n{extra}nodes:\n"
 
@@ -117,9 +122,8 @@ def test_a_ring_peer_that_is_no_node_is_named() -> None:
 @pytest.mark.parametrize(("topology", "count", "says"), [
     ("ring", 4, "cluster.topology is ring, which takes 3 nodes; the inventory lists 4"),
     ("ring", 2, "cluster.topology is ring, which takes 3 nodes; the inventory lists 2"),
-    ("switch", 9, "cluster.topology is switch, which takes 2 to 8 nodes; the inventory lists 9"),
+    ("switch", 1, "cluster.topology is switch, which takes 2 or more nodes; the inventory lists 1"),
     ("pair", 3, "cluster.topology is pair, which takes 1 to 2 nodes; the inventory lists 3"),
-    (None, 9, "with no cluster.topology, switch is meant, which takes 2 to 8 nodes; the inventory lists 9"),
 ])
 def test_a_node_count_the_topology_cannot_take_is_refused(topology: str | None, count: int, says: str) -> None:
     nodes = _switch(count) if topology != "ring" or count != 3 else _ring()
@@ -127,6 +131,27 @@ def test_a_node_count_the_topology_cannot_take_is_refused(topology: str | None, 
     line = _line(text, "topology:") if topology else _line(text, "nodes:")
     problems = _problems(text)
     assert any(p.startswith(f"inv.yaml:{line}: {says}") and "set cluster.topology: pair" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("topology", ["switch", None])
+def test_a_switch_of_more_sparks_than_proven_passes_with_a_warning_naming_the_count(topology: str | None) -> None:
+    sixteen = parse_inventory(_text(_switch(16), topology), "inv.yaml")
+    assert sixteen.cluster.topology == "switch" and len(hops(sixteen)) == 2 * 16 * 15 // 2
+    assert unproven(sixteen) == ("a switch of 16 Sparks: 2 to 8 on one switch is what has been proven; "
+                                 "linktest every rail pair (240 here) before serving on it")
+    assert unproven(parse_inventory(_text(_switch(8), topology), "inv.yaml")) is None
+
+
+def test_validate_passes_a_switch_of_16_and_warns_naming_the_count(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    for count, warned in ((16, True), (8, False)):
+        inv.write_text(_text(_switch(count), None))
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(err), \
+                pytest.raises(SystemExit) as exit_:
+            main(["validate", str(inv)])
+        assert exit_.value.code == 0 and f"valid: cluster t, {count} nodes" in out.getvalue(), err.getvalue()
+        assert ("warning: a switch of 16 Sparks" in err.getvalue()) is warned, err.getvalue()
 
 
 def test_a_switch_rail_in_another_subnet_is_refused() -> None:

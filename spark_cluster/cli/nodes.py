@@ -15,9 +15,14 @@ from spark_cluster.core import shell
 @click.argument("inventory", type=click.Path(dir_okay=False))
 def validate(inventory: str) -> int:
     """Check an inventory file; print every problem as FILE:LINE: message."""
+    from spark_cluster.core.inventory import unproven
     from spark_cluster.ops.inventory import load_inventory
 
-    ui.CONSOLES.out.print(ui.inventory_summary(load_inventory(inventory)))
+    inv = load_inventory(inventory)
+    ui.CONSOLES.out.print(ui.inventory_summary(inv))
+    note = unproven(inv)
+    if note:
+        ui.warn(note)
     return 0
 
 

@@ -17,7 +17,7 @@ from spark_cluster.core.inventory.model import (
     Resolve, SSHDefaults, SSHSettings, UnknownNode,
 )
 from spark_cluster.core.inventory.rules import LISTEN_CHOICES, RAY_AUTH_CHOICES
-from spark_cluster.core.inventory.topology import CABLE_PORTS, TOPOLOGIES, Hop, directed, hops
+from spark_cluster.core.inventory.topology import CABLE_PORTS, TOPOLOGIES, Hop, directed, hops, unproven
 
 __all__ = [
     "CABLE_PORTS",
@@ -43,4 +43,5 @@ __all__ = [
     "hops",
     "load_inventory",
     "parse_inventory",
+    "unproven",
 ]

@@ -4,7 +4,9 @@ and which rails carry traffic between which nodes.
 - ``pair``: two Sparks, one QSFP cable: rails[i] of one meets rails[i] of the other, in one subnet.
 - ``ring``: three Sparks, each one's two QSFP ports cabled to its two neighbours. A rail reaches
   one neighbour only, so every rail names it (``peer:``); the two ends of a twin share a subnet.
-- ``switch``: 2 to 8 Sparks on one switch: rails[i] of every node on one L2 segment, one subnet.
+- ``switch``: two or more Sparks on one switch: rails[i] of every node on one L2 segment, one
+  subnet. 2 to 8 is what has been proven together; more pass with a warning
+  (``unproven``): a switch takes as many Sparks as it has ports, and rails[i]'s subnet bounds it.
 
 An inventory that does not say is a pair if it has one or two nodes, else a switch: rails[i] of
 every node in one subnet, which is what such an inventory has always meant.
@@ -21,9 +23,9 @@ from spark_cluster.core.yaml_lines import YamlPath
 
 TOPOLOGIES = ("pair", "ring", "switch")
 RING_NODES = 3
-MAX_SWITCH_NODES = 8
-_COUNTS = {"pair": (1, 2), "ring": (RING_NODES, RING_NODES), "switch": (2, MAX_SWITCH_NODES)}
-_OTHERS = "pair for two Sparks on one cable, ring for three, switch for 2 to 8 on a switch"
+PROVEN_SWITCH_NODES = 8  # proven together; more are let through with a warning
+_COUNTS: dict[str, tuple[int, int | None]] = {"pair": (1, 2), "ring": (RING_NODES, RING_NODES), "switch": (2, None)}
+_OTHERS = "pair for two Sparks on one cable, ring for three, switch for two or more on a switch"
 
 
 # Where a cable goes, for a hint: a ring of three cannot use the same port at both ends of every cable.
@@ -46,6 +48,15 @@ class Hop:
 
 def default_topology(count: int) -> str:
     return "pair" if count <= 2 else "switch"
+
+
+def unproven(inventory: Inventory) -> str | None:
+    """A warning for a switch of more Sparks than have been proven together, else None."""
+    count = len(inventory.nodes)
+    if inventory.cluster.topology != "switch" or count <= PROVEN_SWITCH_NODES:
+        return None
+    return (f"a switch of {count} Sparks: 2 to {PROVEN_SWITCH_NODES} on one switch is what has been proven; "
+            f"linktest every rail pair ({len(hops(inventory))} here) before serving on it")
 
 
 def hops(inventory: Inventory) -> tuple[Hop, ...]:
@@ -79,8 +90,8 @@ def check_topology(c: Checker, drafts: list[Draft], topology: str, written: bool
     The rails of a pair or a switch are checked by ``nodes.check_nodes`` (rails[i] in one subnet)."""
     here: YamlPath = ("cluster", "topology") if written else ("nodes",)
     low, high = _COUNTS[topology]
-    if not low <= len(drafts) <= high:
-        want = f"{low}" if low == high else f"{low} to {high}"
+    if not low <= len(drafts) <= (high or len(drafts)):
+        want = f"{low}" if low == high else f"{low} to {high}" if high else f"{low} or more"
         said = f"cluster.topology is {topology}" if written else f"with no cluster.topology, {topology} is meant"
         c.report(here, f"{said}, which takes {want} nodes; the inventory lists {len(drafts)}",
                  f"set cluster.topology: {_OTHERS}")
