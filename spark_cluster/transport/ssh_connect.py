@@ -24,7 +24,6 @@ from fabric import Config, Connection
 from paramiko.auth_strategy import Password
 
 from spark_cluster.core.errors import ConnectError
-from spark_cluster.transport.runner import QuietRemote
 from spark_cluster.transport.ssh_auth import KeyProblem, Keys, keys_for
 from spark_cluster.transport.ssh_config import Route, SSHConfigError, route
 
@@ -237,8 +236,7 @@ def _open(
         },
         # The route is resolved above: fabric must not read ssh_config again (it would open
         # jump hosts of its own, accepting any host key).
-        config=Config(ssh_config=paramiko.SSHConfig(),
-                      overrides={"run": {"in_stream": False}, "runners": {"remote": QuietRemote}}),
+        config=Config(ssh_config=paramiko.SSHConfig(), overrides={"run": {"in_stream": False}}),
     )
     client = connection.client
     for path in verify.files:
