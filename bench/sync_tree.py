@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Benchmark `sync` to N-1 nodes as a tree against copying to each in turn, on a switch lab.
 
-    sudo .venv/bin/python bench/sync_tree.py [--nodes 4 8] [--max-mbps 24] [--runs 1]
+    sudo .venv/bin/python bench/sync_tree.py [--nodes 4 8] [--max-mbps 6] [--runs 2]
 
 For each N of --nodes:
 1. `lab up --nodes N` (a switch: rails[i] of every node in one subnet), the lab's model
-   (spark-lab/tiny-moe, about 24 MB in HF-cache layout) on every node.
+   (spark-lab/tiny-moe, 4.5 MB in HF-cache layout) on every node.
 2. --runs times each mode, alternating which goes first. Before each, the model's entry is
    removed from every node but the head; then `ops.sync.sync` in this process, with the copy
    capped at --max-mbps per sender (so one copy takes several seconds and the rounds show):
@@ -13,11 +13,13 @@ For each N of --nodes:
    * **sequential**: the head sends to each node in turn (`order="sequential"`: the baseline).
    sync checks every node's manifest against the head's after the copy (it fails otherwise).
 3. A table per N: the whole sync's wall time (manifests, copies, the check after), the rounds,
-   the copy phase's wall time, one copy's time (the median of the sequential run's copies: a
-   copy alone on the link) and the copy phase in copy times; then whether the tree's copy
-   phase stays within ceil(log2 N) copy times (with 10 % slack for the shared machine).
+   the copy phase's wall time (first copy's start to last copy's end) and that phase in copy
+   times. One copy's time is the sequential copy phase over N-1: a copy with everything it
+   costs (starting both ends over SSH, the bytes, noticing the end), each alone on the link.
+   Then whether the tree's copy phase stays within ceil(log2 N) copy times (10 % slack for the
+   shared machine: the copies of a round run at once on its 2 cores).
 
-Needs root (the lab) and about 4 minutes at the defaults. It refuses to start while a lab is up
+Needs root (the lab) and about 5 minutes at the defaults. It refuses to start while a lab is up
 and brings its lab down at the end, on error and on Ctrl-C. Exits 0 once the figures are
 printed, whether or not the bound holds. Figures come from this script, never a unit test.
 """
@@ -76,9 +78,10 @@ def one(inventory: Path, order: str, max_mbps: float) -> dict:
 
 
 def table(count: int, runs: dict[str, list[dict]]) -> dict:
-    one_copy = statistics.median(c for run in runs["sequential"] for c in run["copies_s"])
+    one_copy = statistics.median(run["copy_phase_s"] for run in runs["sequential"]) / (count - 1)
+    alone = statistics.median(c for run in runs["sequential"] for c in run["copies_s"])
     bound = math.ceil(math.log2(count))
-    print(f"\n{count} nodes (switch), one copy alone {one_copy:.2f} s, "
+    print(f"\n{count} nodes (switch), one copy {one_copy:.2f} s ({alone:.2f} s as sync times one), "
           f"{runs['tree'][0]['bytes'] / (count - 1) / 1e6:.1f} MB to each of {count - 1}")
     print(f"{'mode':<11}{'wall s':>8}{'rounds':>8}{'copy phase s':>14}{'copy times':>12}   rounds (s)")
     rows = {}
@@ -87,7 +90,7 @@ def table(count: int, runs: dict[str, list[dict]]) -> dict:
             times = run["copy_phase_s"] / one_copy
             print(f"{order:<11}{run['wall_s']:>8.2f}{run['rounds']:>8}{run['copy_phase_s']:>14.2f}{times:>12.2f}   "
                   + " ".join(f"{s:.1f}" for s in run["round_s"]))
-        rows[order] = {"wall_s": statistics.median(r["wall_s"] for r in runs[order]),
+        rows[order] = {"wall_s": round(statistics.median(r["wall_s"] for r in runs[order]), 2),
                        "copy_times": round(statistics.median(r["copy_phase_s"] for r in runs[order]) / one_copy, 2),
                        "rounds": runs[order][0]["rounds"]}
     tree = rows["tree"]
@@ -96,14 +99,14 @@ def table(count: int, runs: dict[str, list[dict]]) -> dict:
           f"{'HOLDS' if holds else 'MISSED'}; sequential/tree wall "
           f"{rows['sequential']['wall_s'] / tree['wall_s']:.2f}x")
     print("  tree's rounds: " + "; ".join(", ".join(f"{a}->{b}" for a, b in r) for r in runs["tree"][0]["plan"]))
-    return {"nodes": count, "one_copy_s": round(one_copy, 2), "bound": bound, "holds": holds, **rows}
+    return {"nodes": count, "one_copy_s": round(one_copy, 2), "one_copy_alone_s": round(alone, 2), "bound": bound, "holds": holds, **rows}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--max-mbps", type=float, default=24.0, help="each sender's cap (Mbit/s)")
-    parser.add_argument("--runs", type=int, default=1, help="runs of each mode per node count")
+    parser.add_argument("--max-mbps", type=float, default=6.0, help="each sender's cap (Mbit/s)")
+    parser.add_argument("--runs", type=int, default=2, help="runs of each mode per node count")
     args = parser.parse_args()
     if any(not 2 <= n <= 8 for n in args.nodes):
         sys.exit("bench: --nodes between 2 and 8 (a switch lab)")
