@@ -19,6 +19,7 @@ Every step reports through `emit(event, **data)`.
 from __future__ import annotations
 
 import json
+import queue
 import random
 import secrets
 import threading
@@ -217,17 +218,24 @@ def _stop(fleet: Fleet, copy: Copy, source_root: str, target: TargetPlan) -> Non
 
 def _run_round(inventory: Inventory, fleet: Fleet, plan: SyncPlan, copies: list[Copy], emit: Emit,
                streams: int, max_mbps: float | None) -> dict[str, dict]:
-    """One round's copies at once, each in a thread; Ctrl-C stops both ends of every one."""
+    """One round's copies at once, each in a thread; Ctrl-C stops both ends of every one.
+
+    The threads' events reach ``emit`` from this (the main) thread: `up` turns a Ctrl-C into a
+    KeyboardInterrupt raised by the next event emitted on the main thread."""
     done: dict[str, dict | Exception] = {}
+    events: queue.Queue[tuple[str, dict]] = queue.Queue()
+
+    def queued(event: str, **data: object) -> None:
+        events.put((event, data))
 
     def one(copy: Copy) -> None:
         target = plan.target(copy.node)
         try:
-            done[copy.node] = transfer(inventory, fleet, plan, copy, emit, streams, max_mbps)
+            done[copy.node] = transfer(inventory, fleet, plan, copy, queued, streams, max_mbps)
             if target.modes:
                 _set_modes(fleet.node(target.node), target)
                 done[copy.node]["modes"] = len(target.modes)
-            emit("copied", node=copy.node, source=copy.source, **done[copy.node])
+            queued("copied", node=copy.node, source=copy.source, **done[copy.node])
         except Exception as exc:  # handed to the main thread, which raises it
             done[copy.node] = exc
 
@@ -238,9 +246,12 @@ def _run_round(inventory: Inventory, fleet: Fleet, plan: SyncPlan, copies: list[
              links=len(target.links), resumed_chunks=target.resumed, rails=[list(r) for r in copy.rails])
         thread.start()
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(PROGRESS_S)
+        while any(t.is_alive() for t in threads) or not events.empty():
+            try:
+                event, data = events.get(timeout=PROGRESS_S)
+            except queue.Empty:
+                continue
+            emit(event, **data)
     except KeyboardInterrupt:
         for copy in copies:
             _stop(fleet, copy, plan.root(copy.source), plan.target(copy.node))
@@ -265,13 +276,6 @@ def sync(inventory: Inventory, fleet: Fleet, emit: Emit, source_node: str | None
     """``order`` "sequential": the source sends to each node in turn (what the bench compares
     the tree with)."""
     began = time.monotonic()
-    lock = threading.Lock()
-    unlocked = emit
-
-    def emit(event: str, **data: object) -> None:  # the copies of a round report from their threads
-        with lock:
-            unlocked(event, **data)
-
     repo = model_repo(inventory)
     found = manifests(inventory, fleet, repo, emit)
     plan = plan_sync(repo, found, inventory.head.name, source_node)
