@@ -68,13 +68,14 @@ def linktest_report(data: dict) -> None:
 
 
 class SyncView:
-    """`sync` as it goes: each node's manifest, the plan, a bar with bytes, rate and ETA."""
+    """`sync` as it goes: each node's manifest, the plan and its rounds, a bar per copy (the copies
+    of a round run at once) with bytes, rate and ETA."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._bar: Progress | None = None
-        self._task = None
-        self._last_line = 0.0
+        self._tasks: dict[str, object] = {}  # node -> its bar's task, while its copy runs
+        self._last_line: dict[str, float] = {}
 
     def __enter__(self) -> "SyncView":
         return self
@@ -86,6 +87,7 @@ class SyncView:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+        self._tasks.clear()
 
     def event(self, event: str, **data: object) -> None:
         if not self.enabled:
@@ -103,6 +105,10 @@ class SyncView:
                 if t["resumed_chunks"]:
                     CONSOLES.out.print(f"    {t['resumed_chunks']} chunks already there (an interrupted copy)",
                                        markup=False)
+            rounds = data.get("rounds") or []
+            if len(rounds) > 1 or any(len(r) > 1 for r in rounds):  # type: ignore[arg-type]
+                CONSOLES.out.print(f"  {len(rounds)} rounds: " + "; ".join(  # type: ignore[arg-type]
+                    ", ".join(f"{a}->{b}" for a, b in r) for r in rounds), markup=False)  # type: ignore[union-attr]
         elif event == "copy":
             total = int(data["bytes"])  # type: ignore[arg-type]
             if CONSOLES.out.is_terminal:
@@ -115,24 +121,32 @@ class SyncView:
                     TransferSpeedColumn,
                 )
 
-                self._bar = Progress(TextColumn(f"  {data['node']}"), BarColumn(), DownloadColumn(),
-                                     TransferSpeedColumn(), TimeRemainingColumn(), console=CONSOLES.out)
-                self._bar.start()
-                self._task = self._bar.add_task("copy", total=total)
+                if self._bar is None:
+                    self._bar = Progress(TextColumn("  {task.description}"), BarColumn(), DownloadColumn(),
+                                         TransferSpeedColumn(), TimeRemainingColumn(), console=CONSOLES.out)
+                    self._bar.start()
+                self._tasks[str(data["node"])] = self._bar.add_task(
+                    f"{data.get('source', '?')} -> {data['node']}", total=total)
         elif event == "progress":
-            if self._bar is not None:
-                self._bar.update(self._task, completed=data["bytes"])
-            elif time.monotonic() - self._last_line > 5:
-                self._last_line = time.monotonic()
+            task = self._tasks.get(str(data["node"]))
+            if self._bar is not None and task is not None:
+                self._bar.update(task, completed=data["bytes"])  # type: ignore[arg-type]
+            elif time.monotonic() - self._last_line.get(str(data["node"]), 0.0) > 5:
+                self._last_line[str(data["node"])] = time.monotonic()
                 moved, total, seconds = int(data["bytes"]), int(data["total"]), float(data["seconds"])  # type: ignore[arg-type]
                 rate = moved / seconds if seconds else 0
                 eta = f", ETA {(total - moved) / rate:.0f} s" if rate and moved < total else ""
                 CONSOLES.out.print(f"  {data['node']}: {moved / 2**20:.0f}/{total / 2**20:.0f} MiB, "
                                    f"{rate / 1e6:.0f} MB/s{eta}", markup=False)
         elif event == "copied":
-            self._close()
+            task = self._tasks.pop(str(data["node"]), None)
+            if self._bar is not None and task is not None:
+                self._bar.remove_task(task)  # type: ignore[arg-type]
+            if not self._tasks:
+                self._close()
             rate = f" at {data['rate_mbs']} MB/s" if data.get("rate_mbs") else ""
-            CONSOLES.out.print(f"  {data['node']}: copied {int(data['bytes']) / 2**20:.0f} MiB in {data['seconds']} s{rate}, "
+            source = f" from {data['source']}" if data.get("source") else ""
+            CONSOLES.out.print(f"  {data['node']}{source}: copied {int(data['bytes']) / 2**20:.0f} MiB in {data['seconds']} s{rate}, "
                                "verified chunk by chunk", markup=False)
         elif event == "synced":
             moved = int(data["copied_bytes"])  # type: ignore[arg-type]
