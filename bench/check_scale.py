@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from preflight import (REPO, BenchError, Run, Series, archive, compile_sources, cpu_model, lab,  # noqa: E402
-                       lab_namespaces, machine, run_check)
+from preflight import (REPO, Run, Series, archive, compile_sources, cpu_model, in_a_lab,  # noqa: E402
+                       lab, lab_namespaces, machine, run_check)
 
 TARGET_WALL = 3.0  # check of 16 nodes / check of 2, wall time: at most this
 TARGET_CONTROLLER = 2.5  # the same for the controller's own CPU
@@ -138,28 +135,7 @@ def main() -> int:
         sys.exit("bench: the simulated lab needs root: run it with sudo")
     if lab_namespaces():
         sys.exit("bench: a lab is already up (ip netns list shows sclab-*): run `spark-cluster lab down` first")
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
-    try:
-        bench(args.runs, work, args.compare, args.small, args.large)
-    except BenchError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("bench: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            lab("down")
-        except BenchError as exc:
-            print(f"bench: {exc}", file=sys.stderr)
-        shutil.rmtree(work, ignore_errors=True)
-        left = lab_namespaces()
-        if left:
-            print(f"bench: lab namespaces left behind: {' '.join(left)}", file=sys.stderr)
-    return 0
+    return in_a_lab(lambda work: bench(args.runs, work, args.compare, args.small, args.large))
 
 
 if __name__ == "__main__":

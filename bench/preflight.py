@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -401,28 +402,14 @@ def report(two: list[Series], check8: Series | None, compare: str | None) -> Non
               f"{verdict(scaling <= TARGET_SCALING)}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5, help="timed runs of each (default 5)")
-    parser.add_argument("--compare", metavar="REF", help="also time the check of this git revision, "
-                        "in the same rounds (e.g. main)")
-    parser.add_argument("--no-8", dest="eight", action="store_false", help="skip the 8-node lab")
-    args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    if os.geteuid() != 0:
-        sys.exit("bench: the simulated lab needs root: run it with sudo")
-    if shutil.which("ssh") is None:
-        sys.exit("bench: the baseline needs the OpenSSH client (ssh)")
-    if lab_namespaces():
-        # Not ours to take down: someone else's lab may be in use.
-        sys.exit("bench: a lab is already up (ip netns list shows sclab-*): "
-                 "run `spark-cluster lab down` first")
+def in_a_lab(body: Callable[[Path], None]) -> int:
+    """Run a bench's body with a scratch folder, and whatever happens (an error, Ctrl-C, `kill`)
+    leave no lab and no folder behind; the exit code."""
     # `kill` (SIGTERM) cleans up as Ctrl-C does: SystemExit runs the finally below.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix="spark-bench-"))
     try:
-        bench(args.runs, work, args.compare, args.eight)
+        body(work)
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
@@ -442,6 +429,26 @@ def main() -> int:
         if left:
             print(f"bench: lab namespaces left behind: {' '.join(left)}", file=sys.stderr)
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="timed runs of each (default 5)")
+    parser.add_argument("--compare", metavar="REF", help="also time the check of this git revision, "
+                        "in the same rounds (e.g. main)")
+    parser.add_argument("--no-8", dest="eight", action="store_false", help="skip the 8-node lab")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if os.geteuid() != 0:
+        sys.exit("bench: the simulated lab needs root: run it with sudo")
+    if shutil.which("ssh") is None:
+        sys.exit("bench: the baseline needs the OpenSSH client (ssh)")
+    if lab_namespaces():
+        # Not ours to take down: someone else's lab may be in use.
+        sys.exit("bench: a lab is already up (ip netns list shows sclab-*): "
+                 "run `spark-cluster lab down` first")
+    return in_a_lab(lambda work: bench(args.runs, work, args.compare, args.eight))
 
 
 if __name__ == "__main__":
