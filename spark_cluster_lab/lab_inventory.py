@@ -85,6 +85,8 @@ def render_inventory(lab_root: Path, names: list[str], engine: str = "emulator",
                     f"          address: {rail.address}",
                     f"          peer: {names[rail.peer]}",
                 ]
+            # No rail reaches every node of a ring: the ranks meet on the management port.
+            lines += ["      meet:", f"        interface: {netns.MGMT_IF}", f"        address: {netns.mgmt_address(i)}"]
             continue
         for rail in netns.RAILS:
             lines += [

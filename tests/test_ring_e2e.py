@@ -1,11 +1,13 @@
 """A ring of three on the lab: each node's port 1 cabled to the next one's port 0, each twin of
 each cable a subnet of its own. linktest proves the twelve rail directions the ring carries
 (and its all-gather meets over the management network, as no rail reaches every node), check
-passes, and a cable pulled on one node is named with the pair it cuts and no other."""
+passes, a cable pulled on one node is named with the pair it cuts and no other, and `up` serves
+with Ray and vLLM meeting where the inventory's link.meet says."""
 
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -76,12 +78,36 @@ def test_a_pulled_cable_names_its_pair_and_no_other(ring: Path) -> None:
     assert (code, data["findings"]) == (0, [])
 
 
-def test_serving_on_a_ring_is_refused_before_anything_starts_and_down_has_nothing_to_stop(ring: Path) -> None:
-    for command in (("up", str(ring)), ("up", str(ring), "--until", "ray"), ("supervise", str(ring))):
+def test_the_ring_serves_with_its_ranks_meeting_on_the_management_port(ring: Path, tmp_path: Path) -> None:
+    # Ray and the emulator's ranks meet on enP7s7 (link.meet); the weights move over the rails.
+    assert "      meet:\n        interface: enP7s7\n" in ring.read_text()
+    done = cli("up", str(ring), "--json", timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    ray = next(e for e in events if e["event"] == "ray")
+    assert sorted((n["name"], n["ip"]) for n in ray["nodes"] if n["alive"]) == [
+        ("spark-a", "10.117.0.11"), ("spark-b", "10.117.0.12"), ("spark-c", "10.117.0.13")]
+    assert events[-1]["event"] == "ready", events[-1]
+    body = json.dumps({"model": "spark-lab/tiny-moe", "prompt": "Hello", "max_tokens": 4}).encode()
+    request = urllib.request.Request("http://10.117.0.11:8000/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        assert json.loads(answer.read())["usage"]["completion_tokens"] >= 1
+    assert cli("down", str(ring), timeout=300).returncode == 0
+
+
+def test_a_ring_that_does_not_say_where_its_ranks_meet_is_refused_before_anything_starts(
+        ring: Path, tmp_path: Path) -> None:
+    text = ring.read_text()
+    for i in range(3):
+        text = text.replace(f"      meet:\n        interface: enP7s7\n        address: 10.117.0.{11 + i}\n", "")
+    bare = tmp_path / "ring-no-meet.yaml"
+    bare.write_text(text)
+    for command in (("up", str(bare)), ("up", str(bare), "--until", "ray"), ("supervise", str(bare))):
         done = cli(*command, timeout=120)
         said = done.stdout + done.stderr
         assert done.returncode == 2, said
-        assert f"{ring}: cluster.topology is ring" in said and "Traceback" not in said, said
-    status = cli("status", str(ring))
-    assert "Traceback" not in status.stderr and "ring" not in status.stderr, status.stdout + status.stderr
-    assert cli("down", str(ring)).returncode == 0
+        assert f"{bare}: cluster.topology is ring and no node says link.meet" in said and "Traceback" not in said
+    status = cli("status", str(bare))
+    assert "Traceback" not in status.stderr, status.stdout + status.stderr
+    assert cli("down", str(bare)).returncode == 0

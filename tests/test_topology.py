@@ -200,3 +200,57 @@ def test_every_ring_cable_twin_is_one_hop_whatever_the_rail_order(twins: tuple[i
         a, b = inv.node(h.a).link.rails[h.a_rail], inv.node(h.b).link.rails[h.b_rail]
         assert (a.peer, b.peer) == (h.b, h.a) and a.address.network == b.address.network
     assert {frozenset((h.a, h.b)) for h in pairs} == {frozenset("ab"), frozenset("bc"), frozenset("ac")}
+
+
+def _lab_ring(drop_meet_of: str | None = None) -> str:
+    from spark_cluster_lab.lab_inventory import render_inventory
+
+    text = render_inventory(Path("/run/spark-lab"), ["spark-a", "spark-b", "spark-c"], "emulator", "ring")
+    if drop_meet_of is not None:
+        index = "abc".index(drop_meet_of[-1])
+        block = f"      meet:\n        interface: enP7s7\n        address: 10.117.0.{11 + index}\n"
+        assert block in text
+        text = text.replace(block, "")
+    return text
+
+
+def test_a_ring_that_says_where_its_ranks_meet_binds_ray_and_vllm_there() -> None:
+    from spark_cluster.core.ray_plan import node_env
+    from spark_cluster.core.serve_plan import refuse_a_ring
+
+    inv = parse_inventory(_lab_ring(), "ring.yaml")
+    assert [(n.link_address.exploded, n.link_interface) for n in inv.nodes] == [
+        (f"10.117.0.{11 + i}", "enP7s7") for i in range(3)]
+    env = node_env(inv, inv.nodes[2])
+    assert (env["VLLM_HOST_IP"], env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == (
+        "10.117.0.13", "10.117.0.11", "enP7s7", "enP7s7")
+    assert env["NCCL_IB_HCA"].split(",") == ["rocep1s0f0", "roceP2p1s0f0", "rocep1s0f1", "roceP2p1s0f1"]
+    refuse_a_ring(inv)  # served: nothing raised
+
+
+def test_meet_on_some_ring_nodes_only_or_outside_a_ring_is_refused_at_the_line() -> None:
+    text = _lab_ring(drop_meet_of="spark-c")
+    problems = _problems(text)
+    assert len(problems) == 1 and "node 'spark-c' has no link.meet but 'spark-a' has" in problems[0]
+    lines = text.splitlines()
+    link = lines.index("    link:", lines.index("  - name: spark-c")) + 1
+    assert problems[0].startswith(f"inv.yaml:{link}:"), problems[0]
+    pair = _text({"a": [("192.168.100.1/24", ""), ("192.168.101.1/24", "")],
+                  "b": [("192.168.100.2/24", ""), ("192.168.101.2/24", "")]}, None)
+    met = pair.replace("    link:\n", "    link:\n      meet: {interface: enP7s7, address: 10.0.0.1}\n", 1)
+    assert met != pair
+    said = _problems(met)
+    assert len(said) == 1 and "sets link.meet, which only a ring needs" in said[0], said
+    bad = _lab_ring().replace("        address: 10.117.0.12\n", "        address: 10.117.0.12/24\n", 1)
+    assert any("is not an IPv4 address" in p for p in _problems(bad))
+
+
+def test_a_ring_without_meet_is_refused_for_serving_naming_the_fix() -> None:
+    from spark_cluster.core.serve_plan import ServePlanError, refuse_a_ring
+
+    bare = _lab_ring()
+    for i in range(3):
+        bare = bare.replace(f"      meet:\n        interface: enP7s7\n        address: 10.117.0.{11 + i}\n", "")
+    inv = parse_inventory(bare, "ring.yaml")
+    with pytest.raises(ServePlanError, match=r"give every node link.meet"):
+        refuse_a_ring(inv)

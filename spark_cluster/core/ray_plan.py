@@ -110,16 +110,16 @@ def env_word(key: str, value: str) -> str:
 
 def node_env(inventory: Inventory, spec: NodeSpec) -> dict[str, str]:
     """The environment of Ray (and so of vLLM's workers) on this node, from its own link."""
-    rail = spec.link.rails[0]
+    interface = spec.link_interface  # the first rail, or a ring's meet: (its management port)
     address = str(spec.link_address)
-    hcas = ",".join(r.hca for r in spec.link.rails)  # both twins: one alone halves the bandwidth
+    hcas = ",".join(r.hca for r in spec.link.rails)  # every twin: one alone halves the bandwidth
     env = {
         "VLLM_HOST_IP": address,
-        "NCCL_SOCKET_IFNAME": rail.interface,
-        "GLOO_SOCKET_IFNAME": rail.interface,
-        "TP_SOCKET_IFNAME": rail.interface,
-        "UCX_NET_DEVICES": rail.interface,
-        "OMPI_MCA_btl_tcp_if_include": rail.interface,
+        "NCCL_SOCKET_IFNAME": interface,
+        "GLOO_SOCKET_IFNAME": interface,
+        "TP_SOCKET_IFNAME": interface,
+        "UCX_NET_DEVICES": interface,
+        "OMPI_MCA_btl_tcp_if_include": interface,
         "NCCL_IB_HCA": hcas,
         "NCCL_IB_DISABLE": "0",
         "MASTER_ADDR": str(inventory.head.link_address),

@@ -189,11 +189,13 @@ def _flag_items(argv: list[str]) -> list[str]:
 
 def refuse_a_ring(inventory: Inventory) -> None:
     """Ray and vLLM meet on each node's first rail (its link address), which on a ring reaches one
-    neighbour only: the third node could never join. Said before anything starts."""
-    if inventory.cluster.topology == "ring":
-        raise ServePlanError(f"{inventory.path}: cluster.topology is ring: serving across a ring is not supported "
-                             "yet (Ray and vLLM meet on each node's first rail, which reaches one neighbour only); "
-                             "linktest and check prove the ring; serve on two of its nodes with a pair inventory")
+    neighbour only: the third node could never join, unless the ring says where they meet
+    (link.meet, validate sees to it that every node does or none). Said before anything starts."""
+    if inventory.cluster.topology == "ring" and inventory.head.link.meet is None:
+        raise ServePlanError(f"{inventory.path}: cluster.topology is ring and no node says link.meet: Ray and vLLM "
+                             "would meet on each node's first rail, which reaches one neighbour only; give every "
+                             "node link.meet: {interface: <its management port>, address: <its IPv4 there>} "
+                             "(docs/topologies.md)")
 
 
 def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_version: str | None = None) -> ServePlan:

@@ -19,7 +19,9 @@ SOCKET_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAM
 
 
 def needs_management(inventory: Inventory) -> bool:
-    return inventory.cluster.topology == "ring"
+    """A ring that does not say where its ranks meet (link.meet): the all-gather finds the
+    management port itself."""
+    return inventory.cluster.topology == "ring" and inventory.head.link.meet is None
 
 
 def management_ip(spec: NodeSpec) -> str:

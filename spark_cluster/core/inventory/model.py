@@ -78,11 +78,22 @@ class Rail:
 
 
 @dataclass(frozen=True)
+class Meet:
+    """Where a ring's ranks meet: no rail reaches every node of a ring, so Ray, vLLM and the
+    all-gather rendezvous on a port every node reaches (the management port); the data still
+    moves over the RoCE devices of the rails."""
+
+    interface: str
+    address: ipaddress.IPv4Address
+
+
+@dataclass(frozen=True)
 class Link:
     """A node's side of the fast link: one rail per twin, all at one MTU."""
 
     mtu: int
     rails: tuple[Rail, ...]
+    meet: Meet | None = None
 
 
 @dataclass(frozen=True)
@@ -112,8 +123,13 @@ class NodeSpec:
 
     @property
     def link_address(self) -> ipaddress.IPv4Address:
-        """The address Ray and vLLM bind to: the first rail's."""
-        return self.link.rails[0].address.ip
+        """The address Ray and vLLM bind to: the first rail's, or a ring's `meet:`."""
+        return self.link.meet.address if self.link.meet else self.link.rails[0].address.ip
+
+    @property
+    def link_interface(self) -> str:
+        """The interface that address is on (where NCCL, Gloo and Ray open their sockets)."""
+        return self.link.meet.interface if self.link.meet else self.link.rails[0].interface
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_cluster.core.errors import UsageError
-from spark_cluster.core.inventory.model import Link, Rail, Resolve
+from spark_cluster.core.inventory.model import Link, Meet, Rail, Resolve
 from spark_cluster.core.inventory.rules import (
     HCA,
     HOST,
@@ -121,9 +121,35 @@ def _parse_link(c: Checker, value: object, path: YamlPath) -> Link | None:
     fields: dict[str, tuple[Reader, object]] = {
         "mtu": (lambda v, p: c.integer(v, p, 576, 9216), 9000),
         "rails": (lambda v, p: _parse_rails(c, v, p), REQUIRED),
+        "meet": (lambda v, p: _parse_meet(c, v, p), None),
     }
     f = c.fill(value, path, fields)
     return None if f is None else Link(**f)
+
+
+def _parse_meet(c: Checker, value: object, path: YamlPath) -> Meet | None:
+    fields: dict[str, tuple[Reader, object]] = {
+        "interface": (lambda v, p: c.text(v, p, IFNAME), REQUIRED),
+        "address": (lambda v, p: _meet_address(c, v, p), REQUIRED),
+    }
+    f = c.fill(value, path, fields)
+    return None if f is None else Meet(**f)
+
+
+def _meet_address(c: Checker, value: object, path: YamlPath) -> ipaddress.IPv4Address | None:
+    text = c.text(value, path)
+    if text is None:
+        return None
+    try:
+        ip = ipaddress.IPv4Address(text)
+    except ValueError:
+        c.report(path, f"{where(path)} {text[:60]!r} is not an IPv4 address",
+                 "the management port's own address, like 10.0.0.11 (no prefix length)")
+        return None
+    if ip.is_loopback or ip.is_multicast or ip.is_unspecified:
+        c.report(path, f"{where(path)} {text!r} is not an address another node can reach")
+        return None
+    return ip
 
 
 def _parse_rails(c: Checker, value: object, path: YamlPath) -> tuple[Rail, ...] | None:

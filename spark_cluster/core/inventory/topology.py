@@ -99,6 +99,11 @@ def check_topology(c: Checker, drafts: list[Draft], topology: str, written: bool
     linked = [d for d in drafts if d.fields["link"] is not None]
     if topology != "ring":
         for d in linked:
+            if d.fields["link"].meet is not None:
+                c.report(d.path + ("link", "meet"),
+                         f"node {d.label} sets link.meet, which only a ring needs (on a {topology} the first "
+                         "rail reaches every node, and Ray and vLLM meet there)",
+                         "remove meet:, or set cluster.topology: ring")
             for i, rail in enumerate(d.fields["link"].rails):
                 if rail.peer is not None:
                     c.report(d.path + ("link", "rails", i, "peer"),
@@ -109,6 +114,12 @@ def check_topology(c: Checker, drafts: list[Draft], topology: str, written: bool
     names = [d.fields["name"] for d in drafts]
     for d in linked:
         _check_ring_node(c, d, names, {e.fields["name"]: e for e in linked})
+    meeting = [d for d in linked if d.fields["link"].meet is not None]
+    if meeting and len(meeting) != len(linked):
+        for d in (d for d in linked if d.fields["link"].meet is None):
+            c.report(d.path + ("link",), f"node {d.label} has no link.meet but "
+                     f"{meeting[0].label} has: the ranks meet on one network or cannot meet at all",
+                     "give every node link.meet: {interface: <its management port>, address: <its IPv4 there>}")
 
 
 def _check_ring_node(c: Checker, d: Draft, names: list[str | None], linked: dict[str | None, Draft]) -> None:
