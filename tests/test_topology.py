@@ -254,3 +254,12 @@ def test_a_ring_without_meet_is_refused_for_serving_naming_the_fix() -> None:
     inv = parse_inventory(bare, "ring.yaml")
     with pytest.raises(ServePlanError, match=r"give every node link.meet"):
         refuse_a_ring(inv)
+
+
+def test_an_api_asked_onto_the_link_of_a_ring_stays_off_the_management_port() -> None:
+    from spark_cluster.core.serve_plan import serve_plan
+
+    text = _lab_ring().replace("  listen: lan\n", "  listen: link\n")
+    assert "  listen: link\n" in text
+    plan = serve_plan(parse_inventory(text, "ring.yaml"))
+    assert plan.bind_host == "192.168.100.10" and plan.head.argv[plan.head.argv.index("--host") + 1] == "192.168.100.10"

@@ -253,7 +253,10 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
         put_flag(args, "--enable-server-load-tracking", [])
     listen = spec.listens_on
     head = inventory.head
-    bind_host = {"loopback": "127.0.0.1", "link": str(head.link_address), "lan": "0.0.0.0"}[listen]
+    # `link` is the QSFP link's first rail even on a ring, whose ranks meet on the management port:
+    # an API asked onto the link must not open on the management network.
+    link_ip = str(head.link.rails[0].address.ip)
+    bind_host = {"loopback": "127.0.0.1", "link": link_ip, "lan": "0.0.0.0"}[listen]
     put_flag(args, "--host", [bind_host])
     port = set_default(args, "--port", str(API_PORT))
     api_key_env = api_key_env or spec.api_key_env
