@@ -165,11 +165,11 @@ def test_after_an_upgrade_a_node_pings_each_rail_that_reaches_the_peer() -> None
 
     names = ["spark-a", "spark-b", "spark-c"]
     ring = parse_inventory(render_inventory(Path("/run/spark-lab"), names, "emulator", "ring"), "ring.yaml")
-    a, b, c = ring.nodes
-    assert _peer_pings(a, b) == ["ping -c 1 -W 2 -M do -s 8972 -I enp1s0f1np1 192.168.100.11",
-                                 "ping -c 1 -W 2 -M do -s 8972 -I enP2p1s0f1np1 192.168.101.11"]
-    assert _peer_pings(a, c) == ["ping -c 1 -W 2 -M do -s 8972 -I enp1s0f0np0 192.168.104.12",
-                                 "ping -c 1 -W 2 -M do -s 8972 -I enP2p1s0f0np0 192.168.105.12"]
+    a = ring.nodes[0]
+    assert _peer_pings(ring, a) == ["ping -c 1 -W 2 -M do -s 8972 -I enp1s0f1np1 192.168.100.11",
+                                    "ping -c 1 -W 2 -M do -s 8972 -I enP2p1s0f1np1 192.168.101.11",
+                                    "ping -c 1 -W 2 -M do -s 8972 -I enp1s0f0np0 192.168.104.12",
+                                    "ping -c 1 -W 2 -M do -s 8972 -I enP2p1s0f0np0 192.168.105.12"]
     switch = parse_inventory(render_inventory(Path("/run/spark-lab"), names, "emulator"), "switch.yaml")
-    assert [p.split()[-1] for p in _peer_pings(switch.nodes[2], switch.nodes[0])] == ["192.168.100.10",
-                                                                                      "192.168.101.10"]
+    assert [p.split()[-1] for p in _peer_pings(switch, switch.nodes[2])] == [
+        "192.168.100.10", "192.168.100.11", "192.168.101.10", "192.168.101.11"]

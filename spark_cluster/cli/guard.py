@@ -106,11 +106,10 @@ def _upgrade(inv, fleet, yes: bool, reboot_wait: float) -> int:  # noqa: ANN001 
         say = lambda node, text: ui.CONSOLES.out.print(f"{node}  {text}", markup=False)  # noqa: E731
         done = []
         for spec in (s for s in inv.nodes if s.name in moving):
-            peers = [p for p in inv.nodes if p.name != spec.name]
             left = moving[moving.index(spec.name) + 1:]
             untouched = f"; {', '.join(left)} not touched" if left else ""
             try:
-                outcome = upgrade_node(fleet.node(spec.name), spec, peers, found[spec.name].next_kernel,
+                outcome = upgrade_node(fleet.node(spec.name), spec, inv, found[spec.name].next_kernel,
                                        reboot_wait, say)
             except SparkClusterError as exc:  # the node stopped answering, or a command ran past its time
                 raise SparkClusterError(f"{spec.name}: the upgrade stopped: {exc}{untouched}\n  hint: "

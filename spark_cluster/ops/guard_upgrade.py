@@ -1,9 +1,9 @@
-"""`guard --upgrade`: the pair upgraded one node at a time, each verified before the next.
+"""`guard --upgrade`: the nodes upgraded one at a time, each verified before the next.
 
 Stop the cluster; then per node that has something to install: dist-upgrade (the guard hook
 still judges it), reboot (the slow path `fix --reboot` takes) only if what apt set up needs one
 (a kernel, its modules, the NVIDIA driver, firmware), verify nvidia-smi, the kernel and every
-rail to the peer. A node that boots a new kernel and does not come back healthy gets GRUB's
+rail pair the topology carries traffic on from the node. A node that boots a new kernel and does not come back healthy gets GRUB's
 default pinned to the kernel it ran before (a drop-in of ours under /etc/default/grub.d, the
 user's file untouched), one more reboot and the same checks; the upgrade stops there with the
 evidence."""
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from spark_cluster.core import shell
 from spark_cluster.core.guard_rules import reboot_reasons
-from spark_cluster.core.inventory import Inventory, NodeSpec
+from spark_cluster.core.inventory import Inventory, NodeSpec, directed
 from spark_cluster.core.parsers.apt_sim import parse_installed
 from spark_cluster.core.playbook import PlannedStep
 from spark_cluster.ops.repair import REBOOT_WAIT_S, reboot_and_wait
@@ -66,18 +66,17 @@ def stop_cluster(inv: Inventory, fleet: Fleet) -> list[str]:
     return problems
 
 
-def _peer_pings(spec: NodeSpec, peer: NodeSpec) -> list[str]:
-    """One don't-fragment ping at the link's MTU per rail that reaches the peer: to the peer's
-    rail in the same subnet (rail i to rail i on a pair or a switch; on a ring the twins of the
-    one cable between two neighbours, none to a node no rail reaches)."""
+def _peer_pings(inv: Inventory, spec: NodeSpec) -> list[str]:
+    """One don't-fragment ping at the link's MTU over each rail pair the topology carries traffic
+    on from this node (core.inventory.hops: rail i to rail i on a pair or a switch, on a ring the
+    twins of the cable to each neighbour)."""
     size = spec.link.mtu - 28
-    return [f"ping -c 1 -W 2 -M do -s {size} -I {shell.word(rail.interface)} "
-            f"{shell.word(str(peer_rail.address.ip))}"
-            for rail in spec.link.rails for peer_rail in peer.link.rails
-            if peer_rail.address.network == rail.address.network]
+    return [f"ping -c 1 -W 2 -M do -s {size} -I {shell.word(spec.link.rails[hop.a_rail].interface)} "
+            f"{shell.word(str(inv.node(hop.b).link.rails[hop.b_rail].address.ip))}"
+            for hop in directed(inv) if hop.a == spec.name]
 
 
-def verify(node: Node, spec: NodeSpec, peers: list[NodeSpec], kernel: str | None) -> list[str]:
+def verify(node: Node, spec: NodeSpec, inv: Inventory, kernel: str | None) -> list[str]:
     """What is wrong after the reboot (nothing: healthy)."""
     problems = []
     running = node.run("uname -r").stdout.strip()
@@ -88,11 +87,10 @@ def verify(node: Node, spec: NodeSpec, peers: list[NodeSpec], kernel: str | None
         said = (smi.stdout + smi.stderr).strip().splitlines()
         problems.append(f"nvidia-smi exit {smi.exit_code}: {said[-1] if said else '(no output)'}")
         problems += [f"kernel log: {line}" for line in driver_log(node)]
-    for peer in peers:
-        for command in _peer_pings(spec, peer):
-            ping = node.run(command, timeout=15)
-            if not ping.ok:
-                problems.append(f"`{command}` failed: {ping.tail('stdout', 2) or ping.tail('stderr', 2)}")
+    for command in _peer_pings(inv, spec):
+        ping = node.run(command, timeout=15)
+        if not ping.ok:
+            problems.append(f"`{command}` failed: {ping.tail('stdout', 2) or ping.tail('stderr', 2)}")
     return problems
 
 
@@ -123,7 +121,7 @@ def pin_kernel(node: Node, kernel: str) -> str | None:
     return None
 
 
-def _roll_back(node: Node, spec: NodeSpec, peers: list[NodeSpec], outcome: NodeUpgrade, wait_s: float,
+def _roll_back(node: Node, spec: NodeSpec, inv: Inventory, outcome: NodeUpgrade, wait_s: float,
                say: Say) -> None:
     good, bad = outcome.kernel_before, outcome.kernel_after
     undo = f"`sudo rm {GRUB_PIN} && sudo update-grub` on {node.name} (GRUB boots the newest kernel again)"
@@ -140,7 +138,7 @@ def _roll_back(node: Node, spec: NodeSpec, peers: list[NodeSpec], outcome: NodeU
         outcome.evidence.append(f"reboot into {good}: {back.error or 'failed'}")
         outcome.next_step = f"{node.name} did not come back from the reboot into {good}: look at its console"
         return
-    after = verify(node, spec, peers, good)
+    after = verify(node, spec, inv, good)
     if after:
         outcome.evidence += [f"after the rollback: {line}" for line in after]
         outcome.next_step = (f"{node.name} is not healthy on {good} either: `spark-cluster check`, then "
@@ -158,7 +156,7 @@ def _names(packages: list[str], shown: int = 3) -> str:
     return ", ".join(packages[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
-def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_kernel: str | None,
+def upgrade_node(node: Node, spec: NodeSpec, inv: Inventory, expected_kernel: str | None,
                  wait_s: float = REBOOT_WAIT_S, say: Say | None = None) -> NodeUpgrade:
     """Upgrade one node, reboot it if what apt set up needs a reboot, verify it; roll its kernel
     back if it does not come back healthy."""
@@ -186,7 +184,7 @@ def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_ker
             outcome.next_step = f"{node.name} did not come back from the reboot: look at its console"
             return outcome
         outcome.rebooted = True
-    problems = verify(node, spec, peers, expected_kernel)
+    problems = verify(node, spec, inv, expected_kernel)
     outcome.kernel_after = node.run("uname -r").stdout.strip()
     if not problems:
         outcome.ok = True
@@ -194,7 +192,7 @@ def upgrade_node(node: Node, spec: NodeSpec, peers: list[NodeSpec], expected_ker
         return outcome
     outcome.evidence += problems
     if outcome.kernel_after and outcome.kernel_after != outcome.kernel_before:
-        _roll_back(node, spec, peers, outcome, wait_s, say)
+        _roll_back(node, spec, inv, outcome, wait_s, say)
     else:
         outcome.next_step = (f"{node.name} still runs {outcome.kernel_before}, so there is no kernel to go back to: "
                              "`spark-cluster check`, then `spark-cluster fix`")
