@@ -114,3 +114,37 @@ def test_a_switch_or_a_pair_proves_every_pair_on_every_rail(count: int) -> None:
 def test_a_ring_path_label_names_the_far_end_rail_where_it_differs() -> None:
     inv = parse_inventory(_text(_ring(), "ring"), "inv.yaml")
     assert "rail 2 a -> c (its rail 0)" in [p.label for p in paths(inv)]
+
+
+class _Listing:
+    """A fleet whose nodes answer `ip -o -4 addr show` as the lab's ring nodes do."""
+
+    def run(self, command: str, timeout: float) -> dict[str, Result]:
+        assert command == "ip -o -4 addr show"
+        return {f"spark-{c}": Result(f"spark-{c}", command,
+                                     f"1: lo    inet 127.0.0.1/8 scope host lo\n"
+                                     f"2: enP7s7    inet 10.117.0.{11 + i}/24 brd 10.117.0.255 scope global enP7s7\n"
+                                     f"5: enp1s0f1np1    inet 192.168.{100 + 2 * i}.{10 + i}/24 scope global\n", "", 0, 0.01)
+                for i, c in enumerate("abc")}
+
+
+def test_a_ring_without_meet_finds_its_management_port_and_binds_as_a_written_meet_would() -> None:
+    from pathlib import Path
+
+    from spark_cluster.core.ray_plan import node_env
+    from spark_cluster.ops.control_plane import needs_management, with_management
+    from spark_cluster_lab.lab_inventory import render_inventory
+
+    text = render_inventory(Path("/run/spark-lab"), ["spark-a", "spark-b", "spark-c"], "emulator", "ring")
+    written = parse_inventory(text, "ring.yaml")
+    bare = text
+    for i in range(3):
+        bare = bare.replace(f"      meet:\n        interface: enP7s7\n        address: 10.117.0.{11 + i}\n", "")
+    ring = parse_inventory(bare, "ring.yaml")
+    assert needs_management(ring) and not needs_management(written)
+    found = with_management(ring, _Listing())  # type: ignore[arg-type]
+    assert [n.link for n in found.nodes] == [n.link for n in written.nodes]
+    for spec in found.nodes:
+        env = node_env(found, spec)
+        assert (env["GLOO_SOCKET_IFNAME"], env["VLLM_HOST_IP"], env["MASTER_ADDR"]) == (
+            "enP7s7", str(spec.link.meet.address), "10.117.0.11")

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from dataclasses import replace
 
 from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.inventory import Inventory, NodeSpec
+from spark_cluster.core.inventory.model import Meet
 from spark_cluster.core.shell import join
 from spark_cluster.transport.remote import Fleet
-
-SOCKET_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
-                    "OMPI_MCA_btl_tcp_if_include")
 
 
 def needs_management(inventory: Inventory) -> bool:
@@ -47,13 +46,13 @@ def interface_of(ip: str, listing: str) -> str | None:
     return None
 
 
-def management_env(inventory: Inventory, fleet: Fleet) -> dict[str, dict[str, str]]:
-    """Per node, what binds its ranks to the management network: its address, the interface
-    holding it, and the head's address as the rendezvous."""
+def with_management(inventory: Inventory, fleet: Fleet) -> Inventory:
+    """The inventory with every node's link.meet found: its management address (as its SSH
+    address resolves here) and the interface holding it on the node. What the inventory's own
+    link.meet would say, so that node_env binds the ranks there as it does for a written one."""
     addresses = {spec.name: management_ip(spec) for spec in inventory.nodes}
     listed = fleet.run(join("ip", "-o", "-4", "addr", "show"), timeout=15)
-    head = addresses[inventory.head.name]
-    env: dict[str, dict[str, str]] = {}
+    nodes = []
     for spec in inventory.nodes:
         done = listed[spec.name]
         interface = None if isinstance(done, Exception) else interface_of(addresses[spec.name], done.stdout)
@@ -61,6 +60,6 @@ def management_env(inventory: Inventory, fleet: Fleet) -> dict[str, dict[str, st
             raise SparkClusterError(f"{spec.name}: no interface holds {addresses[spec.name]} (its address in the "
                                     "inventory); on a ring the nodes meet over the management network: give "
                                     "each node's management IP as nodes[].address")
-        env[spec.name] = {**dict.fromkeys(SOCKET_VARIABLES, interface), "VLLM_HOST_IP": addresses[spec.name],
-                          "MASTER_ADDR": head}
-    return env
+        meet = Meet(interface, ipaddress.IPv4Address(addresses[spec.name]))
+        nodes.append(replace(spec, link=replace(spec.link, meet=meet)))
+    return replace(inventory, nodes=tuple(nodes))

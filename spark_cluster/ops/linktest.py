@@ -22,7 +22,7 @@ from spark_cluster.core.errors import CommandTimeout, SparkClusterError
 from spark_cluster.core.inventory import CABLE_PORTS, Inventory, NodeSpec, directed
 from spark_cluster.core.nccl_log import parse_nccl
 from spark_cluster.core.ray_plan import container_name, node_env
-from spark_cluster.ops.control_plane import management_env, needs_management
+from spark_cluster.ops.control_plane import needs_management, with_management
 from spark_cluster.core.secrets import exports, scrub, split, stdin_lines
 from spark_cluster.core.report_data import finding_dict
 from spark_cluster.transport.remote import Fleet, Node
@@ -178,14 +178,15 @@ def _failure(node: str, exc: Exception, timeout_s: float, secrets: list[str]) ->
 def allgather(inventory: Inventory, fleet: Fleet, timeout_s: float = 300.0) -> dict:
     """One rank per node (the head is rank 0). Returns sizes, bus bandwidth, NCCL's transport."""
     port = random.randint(29600, 29999)
+    if needs_management(inventory):
+        inventory = with_management(inventory, fleet)
     ranks = [inventory.head, *inventory.workers]
-    meet = management_env(inventory, fleet) if needs_management(inventory) else {}
-    master = meet[inventory.head.name]["MASTER_ADDR"] if meet else str(inventory.head.link_address)
+    master = str(inventory.head.link_address)
 
     secrets = [v for spec in ranks for v in split(node_env(inventory, spec))[1].values()]
 
     def one(spec: NodeSpec) -> tuple[str, str, int]:
-        env = {**node_env(inventory, spec), **meet.get(spec.name, {}), "NCCL_DEBUG": "INFO"}
+        env = {**node_env(inventory, spec), "NCCL_DEBUG": "INFO"}
         args = ["--rank", str(ranks.index(spec)), "--world", str(len(ranks)), "--master", master,
                 "--port", str(port), "--timeout", str(int(timeout_s / 2))]
         result = fleet.node(spec.name).run(runtime_command(inventory, env, args), timeout=timeout_s,
