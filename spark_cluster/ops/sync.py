@@ -293,7 +293,7 @@ def sync(inventory: Inventory, fleet: Fleet, emit: Emit, source_node: str | None
             moved[target.node]["modes"] = len(target.modes)
             emit("copied", node=target.node, source=plan.source, **moved[target.node])
     timings = []
-    for number, copies in enumerate(rounds, 1):
+    for copies in rounds:
         started = time.monotonic()
         moved.update(_run_round(inventory, fleet, plan, copies, emit, streams, max_mbps))
         timings.append(round(time.monotonic() - started, 2))
