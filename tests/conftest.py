@@ -7,8 +7,11 @@
   last, and the session's lab is replaced only if this session started it.
 - Order: the unit layer runs in a shuffled order (modules, then the tests within each), so that a
   test relying on another's leftovers fails; the seed is printed and `--shuffle-seed N` (or
-  SPARK_TEST_SEED) repeats it, `--shuffle-seed 0` keeps the files' order. The lab layer runs after,
-  in the files' order (its modules share one lab, and a module's tests share what `up` started).
+  SPARK_TEST_SEED) repeats it, `--shuffle-seed 0` keeps the files' order. The lab layer runs in
+  the files' order (its modules share one lab, and a module's tests share what `up` started).
+- Workers (pytest-xdist, `-n 2 --dist loadgroup` in pyproject): the lab layer is one group, run in
+  order by one worker, while the other runs the unit layer, each unit module a group of its own
+  (its module fixtures made once). `-n 0` runs both in one process, the unit layer first.
 - Time: every test's set-up, call and tear-down in a file (durations.py), summed per module.
 """
 
@@ -19,17 +22,21 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import durations
 import labs
 
 HEAVY = ("lab", "real_vllm")
+SLOW_SKIP = "slow: a longer variant of what the tests run by default show; `pytest --slow` runs it"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--shuffle-seed", type=int, default=None,
                      help="the unit layer's order: a seed (0: the files' order; default: SPARK_TEST_SEED "
                           "or a new one each run)")
+    parser.addoption("--slow", action="store_true", default=bool(os.environ.get("SPARK_TEST_SLOW")),
+                     help="run the `slow` end-to-end tests too (skipped without it; SPARK_TEST_SLOW=1 alike)")
 
 
 SEED = pytest.StashKey[int]()
@@ -38,11 +45,31 @@ RECORDER = pytest.StashKey[durations.Recorder]()
 
 def pytest_configure(config: pytest.Config) -> None:
     seed = config.getoption("--shuffle-seed")
-    if seed is None:
+    if hasattr(config, "workerinput"):  # an xdist worker collects in the order its controller chose
+        seed = config.workerinput["shuffle_seed"]
+    elif seed is None:
         seed = int(os.environ.get("SPARK_TEST_SEED") or random.SystemRandom().randrange(1, 10**6))
+    settings.register_profile("shared-machine", deadline=None)  # a busy core is no failure
+    settings.load_profile("shared-machine")
     config.stash[SEED] = seed
     config.stash[RECORDER] = durations.Recorder(Path(config.rootpath))
     config.pluginmanager.register(config.stash[RECORDER], "spark-durations")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001 - xdist's WorkerController
+    node.workerinput["shuffle_seed"] = node.config.stash[SEED]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001
+    """The lab worker's counts of lab ups, restores and downs, for the durations file."""
+    labs.COUNTS.update(getattr(node, "workeroutput", {}).get("lab_counts", {}))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["lab_counts"] = dict(labs.COUNTS)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -56,6 +83,7 @@ def is_heavy(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(name) for name in HEAVY)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist names each item after its group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The unit layer shuffled by module, then by test within each; the lab layer after it in
     the files' order, the tests on a fresh lab or one of more than two nodes last (each replaces the lab). A
@@ -65,6 +93,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "ray_head" in getattr(item, "fixturenames", ()):  # a real Ray head, started on this machine
             item.add_marker(pytest.mark.ray)
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+        if item.get_closest_marker("slow") and not config.getoption("--slow"):
+            item.add_marker(pytest.mark.skip(reason=SLOW_SKIP))
     heavy = {name for name, tests in modules.items() if any(is_heavy(item) for item in tests)}
     unit = [name for name in modules if name not in heavy]
     seed = config.stash[SEED]
@@ -75,6 +105,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rng.shuffle(modules[name])
     lab = [item for name in modules if name in heavy for item in modules[name]]
     lab.sort(key=labs.lab_order)  # stable: the files' order within each size, a fresh lab's after
+    for item in lab:
+        item.add_marker(pytest.mark.xdist_group("lab"))
+    for name in unit:
+        for item in modules[name]:
+            item.add_marker(pytest.mark.xdist_group(name))
     items[:] = [item for name in unit for item in modules[name]] + lab
 
 
@@ -95,6 +130,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # the controller clears it, once, before any worker runs a test
     (durations.reports_dir(Path(session.config.rootpath)) / "figures.tsv").unlink(missing_ok=True)
 
 

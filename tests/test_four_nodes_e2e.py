@@ -87,6 +87,8 @@ def test_ray_serves_across_four_nodes_as_two_stages_of_two(four: Path, tmp_path:
     assert events[-1]["event"] == "ready", events[-1]
     ray = next(e for e in events if e["event"] == "ray")
     assert sorted(n["name"] for n in ray["nodes"] if n["alive"]) == list(NODES)
+    # Each on its first rail's address of the switch, one GPU each.
+    assert {n["ip"]: n["gpus"] for n in ray["nodes"]} == {f"192.168.100.{10 + i}": 1.0 for i in range(4)}, ray
     assert len(events[-1]["weights_gib"]) == 4, events[-1]
     assert all(count >= 1 for count in engines(split).values()), engines(split)
     answer = completion()

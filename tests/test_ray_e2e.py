@@ -204,16 +204,3 @@ def test_unreachable_node_on_down_is_reported_and_the_rest_cleaned(lab, tmp_path
     assert "spark-b: not cleaned" in done.stdout
     assert "spark-a: stopped" in done.stdout
     assert cli("down", str(lab)).returncode == 0
-
-
-@pytest.mark.lab_nodes(4)
-def test_four_nodes_through_the_switch(lab_of) -> None:
-    # Replaces the session's lab with a four-node one (such tests run last).
-    _, left, inventory = lab_of(4)
-    assert left == []
-    done = cli("up", str(inventory), "--until", "ray")
-    assert done.returncode == 0, done.stdout + done.stderr
-    code, report = status(inventory)
-    assert code == 0
-    assert alive(report) == {f"192.168.100.{10 + i}": 1.0 for i in range(4)}
-    assert cli("down", str(inventory)).returncode == 0

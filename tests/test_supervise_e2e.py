@@ -136,6 +136,7 @@ def test_supervise_keeps_the_cluster_serving(lab, tmp_path: Path) -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5)
 
 
+@pytest.mark.slow  # the cap and its backoff: tests/test_supervise.py::test_restart_budget_caps_and_backs_off
 def test_a_restart_loop_stops_at_the_cap_with_its_cause(lab, tmp_path: Path) -> None:
     assert cli("down", str(lab)).returncode == 0
     broken = tmp_path / "crash.yaml"

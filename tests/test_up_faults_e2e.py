@@ -347,7 +347,8 @@ def test_spark_b_vllm_worker_killed_mid_load_names_spark_b(lab: Path, tmp_path: 
     healed_up_serves(lab, slow)
 
 
-@pytest.mark.parametrize(("executor", "restarts"), [("ray", "Ray and vLLM start"), ("mp", "vLLM starts")])
+@pytest.mark.parametrize(("executor", "restarts"), [("ray", "Ray and vLLM start"),
+                                                    pytest.param("mp", "vLLM starts", marks=pytest.mark.slow)])
 def test_spark_b_rebooted_mid_load_is_said(lab: Path, tmp_path: Path, executor: str, restarts: str) -> None:
     """With executor mp there is no raylet to lose and the head's log only says its peer went:
     spark-b's boot_id says why, either way."""
@@ -406,6 +407,7 @@ def test_ctrl_c_mid_load_ends_interrupted_and_a_rerun_follows_to_ready(lab: Path
 
 # --- the last steps before ready -------------------------------------------------------------
 
+@pytest.mark.slow  # engine-died mid-load: test_spark_b_vllm_worker_killed_mid_load_names_spark_b
 def test_vllm_killed_on_spark_a_after_its_weights_names_spark_a(lab: Path, tmp_path: Path) -> None:
     slow = slowed(lab, tmp_path, compile_s=20)  # a compile long enough to strike in
     up = Up(slow, "--restart")
@@ -419,6 +421,7 @@ def test_vllm_killed_on_spark_a_after_its_weights_names_spark_a(lab: Path, tmp_p
     healed_and_clean(slow)
 
 
+@pytest.mark.slow  # Ctrl-C mid-load and the rerun that follows: test_ctrl_c_mid_load_ends_interrupted_...
 def test_ctrl_c_in_the_last_steps_leaves_vllm_starting_and_a_rerun_follows_to_ready(lab: Path, tmp_path: Path) -> None:
     slow = slowed(lab, tmp_path, compile_s=20)
     up = Up(slow, "--restart")

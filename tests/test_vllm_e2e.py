@@ -175,6 +175,7 @@ def test_watch_restarts_a_dead_engine(serving: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # a crash mid-load named by node: tests/test_vllm_mp_e2e.py (crash-at:50) and up_faults
 def test_crash_at_half_the_load_names_cause_and_node(lab, tmp_path: Path) -> None:
     assert cli("down", str(lab)).returncode == 0
     broken = with_fault(lab, tmp_path, "crash-at:50")
@@ -193,7 +194,8 @@ def test_crash_at_half_the_load_names_cause_and_node(lab, tmp_path: Path) -> Non
 @pytest.mark.parametrize("fault, cause, phase, node", [
     ("cuda-oom", "oom", "weights", "spark-b"),          # rank 1's load runs out of memory
     ("nccl", "nccl", "compile", None),                  # every rank's profile run
-    ("kv-cache", "kv-cache-memory", "kv-cache", "spark-a"),  # the engine, on the head
+    # The engine, on the head: on both engines in tests/test_engine_faults_e2e.py (executor mp).
+    pytest.param("kv-cache", "kv-cache-memory", "kv-cache", "spark-a", marks=pytest.mark.slow),
 ])
 def test_each_injected_failure_ends_up_with_its_cause(lab, tmp_path: Path, fault: str, cause: str,
                                                       phase: str, node: str | None) -> None:
