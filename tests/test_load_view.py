@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
 from spark_cluster.ui.load_view import LoadView, clock
 from spark_cluster.core.vllm_log import Tracker
+from spark_cluster.ops import follow as follow_module
 from spark_cluster.ops.follow import Progress, node_of, note_event
+from spark_cluster.transport.remote import Fleet
 
 NODES = {"192.168.100.10": "spark-a", "192.168.100.11": "spark-b"}
 LOG = """\
@@ -218,3 +223,68 @@ def test_a_worker_the_raylet_says_died_names_its_node() -> None:
     assert failing_node([engine, raylet], NODES, raylet, "spark-a") == "spark-b"
     assert failing_node([engine, raylet], NODES, engine, "spark-a") == "spark-b"
     assert failing_node([engine], NODES, raylet.replace("192.168.100.11", "10.0.0.9"), "spark-a") is None
+
+
+# A start of the real engine (its CPU build, two nodes, executor mp) whose head log carries a
+# harmless traceback right after the arguments: the burst `follow` reads to see whether it ends the
+# start brings the workers' and the weights' lines with it.
+REAL_START = (Path(__file__).parent / "data" / "vllm-real" / "11-lab-vllm-0.32-cpu-2node-mp-head-ready.log")
+USAGE_STATS = """Exception in thread Thread-3 (_report_usage_worker):
+Traceback (most recent call last):
+  File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner
+requests.exceptions.ConnectionError: HTTPSConnectionPool(host='stats.vllm.ai', port=443): Max retries exceeded
+"""
+
+
+class _GrowingLog:
+    """The head, as `follow` asks it: its log grows by one step at each `tail`."""
+
+    name = "spark-a"
+
+    def __init__(self, steps: list[str]) -> None:
+        self.steps, self.calls = steps, 0
+
+    def run(self, line: str, timeout: float) -> SimpleNamespace:
+        assert line.startswith("tail -n +"), line
+        text = self.steps[min(self.calls, len(self.steps) - 1)]
+        self.calls += 1
+        first = int(line.split()[2][1:])
+        return SimpleNamespace(ok=True, stdout="".join(_lines(text)[first - 1:]))
+
+
+def _lines(text: str) -> list[str]:
+    """As `tail` counts them: by newline only (a tqdm bar's carriage returns stay in its line)."""
+    return [line + "\n" for line in text.split("\n")[:-1]]
+
+
+def test_phases_read_in_a_failures_burst_are_announced(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = _lines(REAL_START.read_text())
+    # [:21] the arguments; [21:51] the workers (`world_size=2 rank=0`) and the weights, through
+    # `Loading weights took`; [51:60] the KV cache; then the API server, ready.
+    assert "world_size=2 rank=0" in lines[35] and "Loading weights took" in lines[49] and "KV cache" in lines[54]
+    arguments = "".join(lines[:21]) + USAGE_STATS
+    through_weights = arguments + "".join(lines[21:51])
+    through_cache = arguments + "".join(lines[21:60])
+    head = _GrowingLog([arguments, through_weights, through_weights, through_cache, arguments + "".join(lines[21:])])
+    monkeypatch.setattr(follow_module, "POLL_S", 0.0)
+    monkeypatch.setattr(follow_module, "running", lambda node, command: True)
+    monkeypatch.setattr(follow_module, "readiness", lambda plan: None)
+    monkeypatch.setattr(follow_module, "boot_ids", lambda fleet, workers: {})
+    monkeypatch.setattr(follow_module, "_sample_memory", lambda fleet, progress: None)
+    command = SimpleNamespace(node="spark-a", log_path="~/.cache/spark-cluster/vllm.log", is_head=True)
+    plan = SimpleNamespace(head=command, commands=[command], executor="mp", weights_gib_per_node=None)
+    events = _Events()
+    view = LoadView(Console(file=io.StringIO()), ["spark-a", "spark-b"], events)
+    progress = follow_module.follow(Fleet([head]), plan, view.update)  # type: ignore[list-item, arg-type]
+    assert progress.ready
+    assert [e["phase"] for e in events.seen if e["event"] == "phase"] == [
+        "engine-args", "workers", "weights", "kv-cache", "api-server", "ready"]
+    assert head.calls == 5  # the burst was read (two reads alike), then one poll each
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def emit(self, event: str, **data: object) -> None:
+        self.seen.append({"event": event, **data})

@@ -66,12 +66,10 @@ class Progress:
     @property
     def eta_s(self) -> float | None:
         """Seconds left of the weight load, at the rate the shards have come so far."""
-        shards = self.shards
-        if shards is None or self.shards_origin is None or not shards[0] < shards[1]:
+        shards, origin = self.shards, self.shards_origin
+        if shards is None or origin is None or not origin[1] < shards[0] < shards[1]:
             return None
-        since, first = self.shards_origin
-        if shards[0] <= first:
-            return None
+        since, first = origin
         return (self.elapsed - since) * (shards[1] - shards[0]) / (shards[0] - first)
 
     def saw_shards(self, n: int) -> None:
@@ -132,15 +130,12 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
     lines_done = 0
     text: list[str] = []
     started = last_growth = time.monotonic()
-    last_memory = 0.0
-    last_partial = ""
-    last_probe = 0.0
+    last_memory, last_probe, last_partial = 0.0, 0.0, ""
     stall_probe_s = min(STALL_PROBE_S, silence_s / 2)
     if rails:  # only a rail that had its link at the start can be cut during it
         from spark_cluster.ops.rails import linked_rails
 
         rails = linked_rails(fleet, rails)
-
     # The head's log names no node when a worker reboots or its Ray goes (executor ray): the
     # workers say, by their boot_id and raylet.
     workers = [c.node for c in plan.commands if not c.is_head] if plan.executor == "mp" else \
@@ -157,6 +152,16 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
     def failed() -> ServeError:
         node = failing_node(text, nodes_by_ip, tracker.state.evidence, plan.head.node)
         return _diagnosis(plan, tracker.state, node)
+
+    def take(lines: str) -> None:
+        # The tracker and the phases' clock see every line alike: a burst read after a harmless
+        # traceback (the start goes on) must not leave its phases out of what is shown.
+        nonlocal lines_done
+        text.append(lines)
+        for event in tracker.feed(lines if lines.endswith("\n") else lines + "\n"):
+            note_event(progress, event, plan.head.node, nodes_by_ip)
+        lines_done += lines.count("\n") + (not lines.endswith("\n"))
+
     lost_since: float | None = None
     while True:
         try:
@@ -166,10 +171,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             lost_since = None
             complete, _, partial = chunk.rpartition("\n")
             if complete:
-                text.append(complete)
-                for event in tracker.feed(complete + "\n"):
-                    note_event(progress, event, plan.head.node, nodes_by_ip)
-                lines_done += complete.count("\n") + 1
+                take(complete)
                 last_growth = now
             if partial and partial != last_partial:  # a tqdm bar grows without a newline
                 last_growth = now
@@ -187,9 +189,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 # A failure cascades over many lines and ranks: read to the end of the burst.
                 rest, _, _ = _settle(head, log, lines_done).rpartition("\n")
                 if rest:
-                    tracker.feed(rest)
-                    text.append(rest)
-                    lines_done += rest.count("\n") + 1
+                    take(rest)
                 # A bare traceback (no known cause) ends the start only when vLLM ends: a thread's
                 # harmless one (usage stats) is followed by the start going on.
                 if tracker.state.outcome == "failed" and (
@@ -208,8 +208,8 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                 progress.note = problem
             if not running(head, plan.head):
                 tail = head.run(f"tail -n +{lines_done + 1} {log}", timeout=30).stdout
-                tracker.feed(tail)
-                text.append(tail)
+                if tail:
+                    take(tail)
                 link_cut()
                 _raise_worker_failure(fleet, plan, tracker.state.cause)
                 if tracker.state.outcome in ("failed", "stopped"):  # stopped: a SIGTERM, a cancelled job
