@@ -1,4 +1,5 @@
-"""programs/versions.py answers as importlib.metadata.version would, without importing it."""
+"""programs/versions.py answers as importlib.metadata.version would, without importing it; so does
+programs/ray_version.py for the Ray that `import ray` would find."""
 
 from __future__ import annotations
 
@@ -42,3 +43,20 @@ def test_the_first_distribution_on_the_path_wins_as_importlib_metadata_says(tmp_
 
 def test_nothing_installed_answers_a_dash_each(tmp_path: Path) -> None:
     assert _answer(PROGRAM.read_text(), [tmp_path])[1:] == _answer(REFERENCE, [tmp_path])
+
+
+RAY_VERSION = PROGRAM.with_name("ray_version.py")
+
+
+def test_ray_version_reads_the_metadata_of_the_ray_it_would_import(tmp_path: Path) -> None:
+    """`up` asks each node for its Ray: the version of the package found first, not of another
+    distribution's metadata; none found, the error ray's import would give."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    (second / "ray").mkdir(parents=True)
+    (second / "ray" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    _dist(second, "ray", "2.60.0")
+    _dist(first, "ray", "2.40.0")  # metadata without the package beside it: not what `import ray` finds
+    assert _answer(RAY_VERSION.read_text(), [first, second]) == ["2.60.0"]
+    done = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path[:0] = [{str(first)!r}]\n"
+                           + RAY_VERSION.read_text()], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr.strip()) == (1, "", "ModuleNotFoundError: No module named 'ray'")
