@@ -11,7 +11,8 @@
   the files' order (its modules share one lab, and a module's tests share what `up` started).
 - Workers (pytest-xdist, `-n 2 --dist loadgroup` in pyproject): the lab layer is one group, run in
   order by one worker, while the other runs the unit layer, each unit module a group of its own
-  (its module fixtures made once). `-n 0` runs both in one process, the unit layer first.
+  (its module fixtures made once), and so are heavy modules that use no lab (the real engine's
+  own tests). `-n 0` runs both in one process, the unit layer first.
 - Time: every test's set-up, call and tear-down in a file (durations.py), summed per module.
 """
 
@@ -105,8 +106,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rng.shuffle(modules[name])
     lab = [item for name in modules if name in heavy for item in modules[name]]
     lab.sort(key=labs.lab_order)  # stable: the files' order within each size, a fresh lab's after
+    # A heavy module that never asks for the lab (the real engine's parser, its install) runs
+    # beside it on the other worker, a group of its own.
+    on_lab = {name for name in heavy if any("lab_pool" in getattr(item, "fixturenames", ()) for item in modules[name])}
     for item in lab:
-        item.add_marker(pytest.mark.xdist_group("lab"))
+        name = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("lab" if name in on_lab else name))
     for name in unit:
         for item in modules[name]:
             item.add_marker(pytest.mark.xdist_group(name))
