@@ -228,7 +228,7 @@ def test_a_worker_the_raylet_says_died_names_its_node() -> None:
 # A start of the real engine (its CPU build, two nodes, executor mp) whose head log carries a
 # harmless traceback right after the arguments: the burst `follow` reads to see whether it ends the
 # start brings the workers' and the weights' lines with it.
-REAL_START = (Path(__file__).parent / "data" / "vllm-real" / "11-lab-vllm-0.32-cpu-2node-mp-head-ready.log")
+REAL_START = Path(__file__).parent / "data" / "vllm-real" / "11-lab-vllm-0.32-cpu-2node-mp-head-ready.log"
 USAGE_STATS = """Exception in thread Thread-3 (_report_usage_worker):
 Traceback (most recent call last):
   File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner
