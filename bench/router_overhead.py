@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import secrets
+import socket
 import statistics
 import subprocess
 import sys
@@ -93,29 +94,47 @@ def _wait_http(url: str, deadline_s: float, headers: dict[str, str] | None = Non
             time.sleep(0.5)
 
 
-def _routers(args: argparse.Namespace, work: Path, key: str) -> list[subprocess.Popen[bytes]]:
+PORTS = (4000, 4001, 4002, 29001, 29002)  # the routers' and vllm-router's metrics, on loopback
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _routers(args: argparse.Namespace, work: Path, key: str, started: list[subprocess.Popen[bytes]]) -> None:
+    """The three routers, each in `started` as soon as it runs (the caller stops them, on error too)."""
+    taken = [port for port in PORTS if not _free(port)]
+    if taken:  # another router would answer in place of ours
+        raise BenchError(f"ports in use on 127.0.0.1: {' '.join(map(str, taken))} (`ss -ltnp` names who holds them)")
     config = work / "litellm.yaml"
     config.write_text(f"model_list:\n  - model_name: {MODEL}\n    litellm_params:\n"
                       f"      model: hosted_vllm/{MODEL}\n      api_base: {HEAD}/v1\n")
     logs = [open(work / f"{name}.log", "wb") for name in ("litellm", "router", "igw")]  # noqa: SIM115
-    started = [
-        subprocess.Popen([args.litellm, "--config", str(config), "--host", "127.0.0.1", "--port", "4000"],
-                         env={**os.environ, "LITELLM_MASTER_KEY": key}, stdout=logs[0], stderr=logs[0]),
-        subprocess.Popen([args.vllm_router, "--host", "127.0.0.1", "--port", "4001", "--prometheus-host", "127.0.0.1",
-                          "--prometheus-port", "29001", "--worker-urls", HEAD], stdout=logs[1], stderr=logs[1]),
-        subprocess.Popen([args.vllm_router, "--enable-igw", "--host", "127.0.0.1", "--port", "4002",
-                          "--prometheus-host", "127.0.0.1", "--prometheus-port", "29002"], stdout=logs[2], stderr=logs[2]),
-    ]
+    started.append(subprocess.Popen([args.litellm, "--config", str(config), "--host", "127.0.0.1", "--port", "4000"],
+                                    env={**os.environ, "LITELLM_MASTER_KEY": key}, stdout=logs[0], stderr=logs[0]))
+    started.append(subprocess.Popen([args.vllm_router, "--host", "127.0.0.1", "--port", "4001", "--prometheus-host",
+                                     "127.0.0.1", "--prometheus-port", "29001", "--worker-urls", HEAD],
+                                    stdout=logs[1], stderr=logs[1]))
+    started.append(subprocess.Popen([args.vllm_router, "--enable-igw", "--host", "127.0.0.1", "--port", "4002",
+                                     "--prometheus-host", "127.0.0.1", "--prometheus-port", "29002"],
+                                    stdout=logs[2], stderr=logs[2]))
     _wait_http("http://127.0.0.1:4000/v1/models", 120, {"Authorization": f"Bearer {key}"})
     _wait_http("http://127.0.0.1:4001/v1/models", 60)
     _wait_http("http://127.0.0.1:4002/workers", 60)
+    for name, log, proc in zip(("LiteLLM", "vllm-router", "vllm-router --enable-igw"), logs, started):
+        if proc.poll() is not None:
+            raise BenchError(f"{name} exited ({proc.returncode}):\n{Path(log.name).read_text(errors='replace')[-1500:]}")
     add = urllib.request.Request("http://127.0.0.1:4002/workers", method="POST",
                                  data=json.dumps({"url": HEAD, "model_id": MODEL}).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(add, timeout=30) as response:
         if response.status != 200:
             raise BenchError(f"vllm-router (gateway mode) refused the worker: HTTP {response.status}")
-    return started
 
 
 def bench(args: argparse.Namespace, work: Path) -> None:
@@ -127,12 +146,13 @@ def bench(args: argparse.Namespace, work: Path) -> None:
     if up.returncode != 0:
         raise BenchError(f"`up` failed:\n{up.stdout[-2000:]}{up.stderr[-2000:]}")
     key = "sk-" + secrets.token_hex(16)
-    routers = _routers(args, work, key)
+    routers: list[subprocess.Popen[bytes]] = []
     targets = {"direct": (f"{HEAD}/v1", None), "LiteLLM proxy": ("http://127.0.0.1:4000/v1", key),
                "vllm-router": ("http://127.0.0.1:4001/v1", None),
                "vllm-router --enable-igw": ("http://127.0.0.1:4002/v1", None)}
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
     try:
+        _routers(args, work, key, routers)
         asyncio.run(_round(f"{HEAD}/v1", None, 4, args.rate, args.max_tokens))  # warm-up, thrown away
         for i in range(args.rounds):
             for name, (url, token) in targets.items():
