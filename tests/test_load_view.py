@@ -273,18 +273,10 @@ def test_phases_read_in_a_failures_burst_are_announced(monkeypatch: pytest.Monke
     monkeypatch.setattr(follow_module, "_sample_memory", lambda fleet, progress: None)
     command = SimpleNamespace(node="spark-a", log_path="~/.cache/spark-cluster/vllm.log", is_head=True)
     plan = SimpleNamespace(head=command, commands=[command], executor="mp", weights_gib_per_node=None)
-    events = _Events()
+    events = Events()
     view = LoadView(Console(file=io.StringIO()), ["spark-a", "spark-b"], events)
     progress = follow_module.follow(Fleet([head]), plan, view.update)  # type: ignore[list-item, arg-type]
     assert progress.ready
-    assert [e["phase"] for e in events.seen if e["event"] == "phase"] == [
+    assert [d["phase"] for e, d in events.seen if e == "phase"] == [
         "engine-args", "workers", "weights", "kv-cache", "api-server", "ready"]
     assert head.calls == 5  # the burst was read (two reads alike), then one poll each
-
-
-class _Events:
-    def __init__(self) -> None:
-        self.seen: list[dict] = []
-
-    def emit(self, event: str, **data: object) -> None:
-        self.seen.append({"event": event, **data})
