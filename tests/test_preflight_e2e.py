@@ -188,3 +188,43 @@ def test_unreachable_node_is_one_finding(healthy) -> None:
     assert blockers(report) == [("spark-b", "ssh.unreachable")]
     assert report["nodes"]["spark-b"] is None
     assert report["nodes"]["spark-a"]["gpu"] == "NVIDIA GB10"
+
+
+def test_two_models_are_fitted_node_by_node_and_one_that_does_not_fit_is_refused(healthy, tmp_path: Path) -> None:
+    """A second model staged on spark-b beside the one on both nodes (issue 31): `fit` adds up each
+    node's models; `check` blocks the one whose share cannot hold it, on its node alone; `up`
+    refuses the plan before it reaches a node."""
+    _, inventory = healthy
+    text = inventory.read_text()
+    head, _, model = text.partition("\nmodel:\n")
+    cache = next(line for line in model.splitlines() if "hf_cache:" in line).strip()
+    second = "models--spark-lab--tiny-second"
+    staged = on_node(inventory, "spark-b", f"cd ~/.cache/huggingface/hub && cp -a models--spark-lab--tiny-moe {second}")
+    assert staged.returncode == 0, staged.stderr
+    try:
+        def plan(share: float) -> Path:
+            path = tmp_path / f"two-{share}.yaml"
+            path.write_text(f"{head}\nmodels:\n  - name: spark-lab/tiny-moe\n    gpu_memory_utilization: 0.6\n"
+                            + "".join(f"    {line.strip()}\n" for line in model.splitlines()
+                                      if line.strip() and not line.strip().startswith(("#", "name:")))
+                            + f"  - name: spark-lab/tiny-second\n    nodes: [spark-b]\n"
+                            f"    gpu_memory_utilization: {share}\n    {cache}\n")
+            return path
+
+        done = cli("fit", str(plan(0.3)), "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        fitted = json.loads(done.stdout)
+        assert [(n["node"], n["models"]) for n in fitted["nodes"]] == [
+            ("spark-a", ["spark-lab/tiny-moe"]), ("spark-b", ["spark-lab/tiny-moe", "spark-lab/tiny-second"])]
+        assert fitted["nodes"][1]["utilization"] == pytest.approx(0.9)
+        assert [m["layout"]["tp"] for m in fitted["models"]] == [2, 1]
+        assert check(plan(0.3))[0] == 0
+
+        code, report = check(plan(0.0001))
+        assert code == 1 and blockers(report) == [("spark-b", "model.does-not-fit")]
+        said = next(f["message"] for f in report["findings"] if f["id"] == "model.does-not-fit")
+        assert said.startswith("spark-lab/tiny-second does not fit on spark-b"), said
+        refused = cli("up", str(plan(0.3)))
+        assert refused.returncode == 2 and "lists 2 models" in refused.stderr, refused.stderr
+    finally:
+        on_node(inventory, "spark-b", f"rm -rf ~/.cache/huggingface/hub/{second}")

@@ -41,6 +41,14 @@ def fit(inventory: str, model: str | None, tp: int | None, pp: int | None, ep: b
         raise UsageError(f"--kv-cache-dtype {kv_cache_dtype!r}: choose auto or one of "
                          f"{', '.join(sorted(TORCH_BYTES))}")
     inv = load_inventory(inventory)
+    if len(inv.models) > 1 or inv.model and inv.model.nodes:
+        given = {"--model": model, "--tp": tp, "--pp": pp, "--ep/--no-ep": ep, "--max-model-len": max_model_len,
+                 "--kv-cache-dtype": kv_cache_dtype}
+        if any(v is not None for v in given.values()):
+            raise UsageError(f"{', '.join(k for k, v in given.items() if v is not None)}: {inventory} places its "
+                             "models itself; these options change a plan of one model on every node\n"
+                             "  hint: change the models' args in the inventory, or fit a copy with one model")
+        return _fit_placed(inv, inventory, as_json)
     plan = serve_plan(inv)
     layout = with_overrides(layout_of(plan), tp, ep, max_model_len, kv_cache_dtype, pp)
     if layout.tp * layout.pp > len(inv.nodes):
@@ -58,3 +66,24 @@ def fit(inventory: str, model: str | None, tp: int | None, pp: int | None, ep: b
     else:
         fit_report(result, inventory)
     return 0 if result.fits else 1
+
+
+def _fit_placed(inv, where: str, as_json: bool) -> int:  # noqa: ANN001 - Inventory
+    """Every model of the inventory on its own nodes, then each node with all it holds."""
+    from spark_cluster.core.fit import node_loads
+    from spark_cluster.ops.fit import fit_models
+    from spark_cluster.ops.nodes import fleet_for
+    from spark_cluster.ui.fit_view import fit_report, loads_report
+
+    with fleet_for(inv) as fleet:
+        fits = fit_models(inv, fleet)
+    loads = node_loads(fits, [n.name for n in inv.nodes])
+    fits_all = all(f.fits for f in fits) and all(load.fits for load in loads)
+    if as_json:
+        ui.CONSOLES.out.out(dumps({"fits": fits_all, "models": [f.as_dict() for f in fits],
+                                   "nodes": [load.as_dict() for load in loads]}))
+    else:
+        for result in fits:
+            fit_report(result, where)
+        loads_report(loads)
+    return 0 if fits_all else 1

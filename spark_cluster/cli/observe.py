@@ -29,7 +29,7 @@ def status(inventory: str, as_json: bool, hang_after_s: float) -> int:
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
 
-    inv = load_inventory(inventory)
+    inv = load_inventory(inventory, serving="status")
     with fleet_for(inv) as fleet:
         data = collect_status(inv, fleet, hang_after_s=hang_after_s)
     if as_json:
@@ -61,7 +61,7 @@ def watch(inventory: str, interval: float, restart_on_failure: bool, max_restart
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.watch import Supervisor
 
-    inv = load_inventory(inventory)
+    inv = load_inventory(inventory, serving="watch")
     data: dict = {"healthy": False}
     # Restarting changes the cluster: no `up`, `down` or `fix` meanwhile (a `down` elsewhere is
     # refused, rather than undone by the next restart).
@@ -128,7 +128,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
 
     options = bench_options(concurrency, prompt_lengths, rate, duration_s=duration, seed=seed, max_tokens=max_tokens,
                             prompt=prompt, out_dir=out_dir, compare_dir=compare_dir)
-    inv = load_inventory(inventory)
+    inv = load_inventory(inventory, serving="bench")
     with BenchView(quiet=as_json) as view:
         run = run_bench(inv, options, view)
     if not as_json:

@@ -43,6 +43,10 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     # The one launch plan of this `up`, carried through every stage. Stopping before vLLM, a
     # plan error is not this run's to report: check then judges memory without a plan.
     launches = until == "vllm" or dry_run
+    if launches:
+        from spark_cluster.core.inventory import one_model
+
+        one_model(inv, "up")
     plan = serve_plan(inv) if launches else serve_plan_or_none(inv)
     if dry_run:
         ui.CONSOLES.out.out(plan.render())
@@ -132,7 +136,7 @@ def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int
     from spark_cluster.ops.logs import log_source, tail
     from spark_cluster.ops.nodes import fleet_for
 
-    inv = load_inventory(inventory)
+    inv = load_inventory(inventory, serving="logs")
     source = log_source(inv, node_name)
     with fleet_for(inv, only=source.node) as fleet:
         tail(fleet.node(source.node), source, lines, ui.log_text, follow=follow)

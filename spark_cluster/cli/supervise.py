@@ -45,7 +45,7 @@ def supervise(inventory: str, metrics_port: int | None, metrics_address: str, ma
     from spark_cluster.ops.serve import secret_values
     from spark_cluster.ops.supervise import Supervisor
 
-    inv = load_inventory(inventory)
+    inv = load_inventory(inventory, serving="supervise")
     if inv.model is None:
         raise UsageError(f"{inventory}: no model: section; supervise keeps a model served\n"
                          "  hint: add model: (see docs/inventory.md)")

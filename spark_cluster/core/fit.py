@@ -124,6 +124,45 @@ class Fit:
                 "nodes": [n.as_dict() for n in self.nodes]}
 
 
+@dataclass(frozen=True)
+class NodeLoad:
+    """Everything placed on one node: each model's fit there, and their shares added up. vLLM
+    sizes each model's cache to its share of the node, so the node holds them all when each fits
+    its share and the shares add up to at most the whole."""
+
+    node: str
+    available: int
+    shares: tuple[tuple[Fit, NodeFit], ...]
+
+    @property
+    def utilization(self) -> float:
+        return sum(f.layout.gpu_memory_utilization for f, _ in self.shares)
+
+    @property
+    def needed(self) -> int:
+        """Weights, overhead and one request's KV cache of every model here."""
+        return sum(n.weights + n.overhead + n.max_model_len * n.kv_bytes_per_token for _, n in self.shares)
+
+    @property
+    def fits(self) -> bool:
+        return self.utilization <= 1.0 + 1e-9 and all(n.fits for _, n in self.shares)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"node": self.node, "available_gib": round(self.available / GIB, 2),
+                "utilization": round(self.utilization, 4), "needed_gib": round(self.needed / GIB, 2),
+                "models": [f.model for f, _ in self.shares], "fits": self.fits}
+
+
+def node_loads(fits: Sequence[Fit], order: Sequence[str]) -> tuple[NodeLoad, ...]:
+    """Each node of ``order`` that a model is placed on, with every model's fit there."""
+    loads = []
+    for node in order:
+        shares = tuple((f, n) for f in fits for n in f.nodes if n.node == node)
+        if shares:
+            loads.append(NodeLoad(node, shares[0][1].available, shares))
+    return tuple(loads)
+
+
 def parse_header(raw: bytes | str) -> list[Tensor]:
     """The JSON header of one .safetensors file -> its tensors (`__metadata__` skipped)."""
     try:
@@ -269,5 +308,5 @@ def fit(model: str, config: Mapping[str, object], tensors: Sequence[Tensor], lay
     return Fit(model, layout, tuple(nodes))
 
 
-__all__ = ["Fit", "FitError", "Layout", "NodeFit", "Tensor", "fit", "kv_bytes_per_token", "loaded_per_stage",
-           "parse_header", "rope_cache_bytes", "weights_per_stage"]
+__all__ = ["Fit", "FitError", "Layout", "NodeFit", "NodeLoad", "Tensor", "fit", "kv_bytes_per_token",
+           "loaded_per_stage", "node_loads", "parse_header", "rope_cache_bytes", "weights_per_stage"]

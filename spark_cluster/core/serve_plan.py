@@ -26,7 +26,7 @@ from types import MappingProxyType
 from spark_cluster.core import shell
 from spark_cluster.core.errors import UsageError
 from spark_cluster.core.shell import remote_path
-from spark_cluster.core.inventory import Inventory, NodeSpec
+from spark_cluster.core.inventory import Inventory, NodeSpec, inventory_of, placement_words
 from spark_cluster.core.ray_plan import auth_warning, container_name, node_env, plan_mp, state_dir, worker_only_env
 from spark_cluster.core.recipes import Recipe, load_recipe
 from spark_cluster.core.secrets import REDACTED, is_secret
@@ -211,7 +211,7 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
         raise ServePlanError(f"recipe {recipe.name} needs {recipe.nodes} Sparks but {inventory.path} lists "
                              f"{n_nodes}: add nodes or choose a smaller recipe")
 
-    overrides = parse_argv(spec.args)
+    overrides = parse_argv((*spec.args, *placement_words(spec)))
     for flag, _ in overrides:
         if flag in _SECRET_FLAGS:
             raise ServePlanError(f"{inventory.path}: model.args sets {flag}: secrets never go in the inventory; "
@@ -325,8 +325,8 @@ def serve_plan_or_none(inventory: Inventory) -> ServePlan | None:
     such as `check` that read the plan's figures but leave its errors to `up`."""
     if inventory.model is None:
         return None
-    try:
-        return serve_plan(inventory)
+    try:  # the first model on its own nodes, where the inventory places several
+        return serve_plan(inventory_of(inventory, inventory.model))
     except UsageError:
         return None
 

@@ -155,3 +155,18 @@ def fit_cluster(inventory: Inventory, fleet: Fleet, plan: ServePlan, model: str 
     ordered = {spec.name: free[spec.name] for spec in inventory.nodes if spec.name in free}
     return model_fit.fit(model or plan.model, checkpoint.config, checkpoint.tensors,
                          layout or layout_of(plan), ordered)
+
+
+def fit_models(inventory: Inventory, fleet: Fleet,
+               free: Mapping[str, int] | None = None) -> tuple[model_fit.Fit, ...]:
+    """The fit of every model of the inventory on its own nodes, each read from its own head's
+    cache and laid out as its own plan says, against one reading of the nodes' free memory."""
+    from spark_cluster.core.inventory import inventory_of
+    from spark_cluster.core.serve_plan import serve_plan
+
+    free = free if free is not None else available_memory(fleet)
+    fits = []
+    for spec in inventory.models:
+        own = inventory_of(inventory, spec)
+        fits.append(fit_cluster(own, fleet, serve_plan(own), free=free))
+    return tuple(fits)

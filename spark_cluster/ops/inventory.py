@@ -10,11 +10,15 @@ from spark_cluster.core import inventory as core
 from spark_cluster.core.inventory import Inventory
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """core.inventory.load_inventory, with the user's ssh configuration."""
+def load_inventory(path: str | Path, serving: str | None = None) -> Inventory:
+    """core.inventory.load_inventory, with the user's ssh configuration. ``serving``: the command,
+    where it serves the one model of the inventory on all its nodes (it refuses other plans)."""
     from spark_cluster.transport.ssh_config import route
 
-    return core.load_inventory(path, resolve=route)
+    inventory = core.load_inventory(path, resolve=route)
+    if serving:
+        core.one_model(inventory, serving)
+    return inventory
 
 
 def parse_inventory(text: str, path: str | Path) -> Inventory:

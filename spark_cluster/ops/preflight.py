@@ -21,6 +21,7 @@ from spark_cluster.transport.remote import Fleet, Node
 
 if TYPE_CHECKING:
     from spark_cluster.core.checks import Finding
+    from spark_cluster.core.fit import Fit
     from spark_cluster.core.serve_plan import ServePlan
 
 GATHER_TIMEOUT = 30.0
@@ -79,20 +80,32 @@ def unreachable(node: str, error: Exception) -> Finding:
 
 
 def fit_for_check(inventory: Inventory, fleet: Fleet, hosts: Mapping[str, Host],
-                  plan: ServePlan | None):  # noqa: ANN201 - Fit | None
-    """The plan's fit against the gathered free memory; None when it cannot be computed (no model,
-    no plan, the checkpoint not on the head yet: other findings say so)."""
+                  plan: ServePlan | None) -> tuple[list[Fit], list[Finding]]:
+    """Each model's fit on its nodes against the gathered free memory. None is computed without a
+    model, a plan, or every node's facts; a model whose checkpoint its head cannot give is left
+    out: the first one's missing files have their own findings, a further one's a warning here."""
     memory = {n: host.fact(MEMINFO) for n, host in hosts.items()}
     if plan is None or inventory.model is None or len(hosts) < len(inventory.nodes) or \
             any(m is None for m in memory.values()):
-        return None
+        return [], []
+    from spark_cluster.core.checks.base import manual, warning
     from spark_cluster.core.fit import FitError
+    from spark_cluster.core.inventory import inventory_of
+    from spark_cluster.core.serve_plan import serve_plan
     from spark_cluster.ops.fit import fit_cluster
 
-    try:
-        return fit_cluster(inventory, fleet, plan, free={n: m.available for n, m in memory.items() if m})
-    except (SparkClusterError, FitError):
-        return None
+    free = {n: m.available for n, m in memory.items() if m}
+    fits, findings = [], []
+    for index, spec in enumerate(inventory.models):
+        own = inventory_of(inventory, spec)
+        try:
+            fits.append(fit_cluster(own, fleet, plan if index == 0 else serve_plan(own), free=free))
+        except (SparkClusterError, FitError) as exc:
+            if index:
+                findings.append(warning("model.missing", own.head.name, f"{spec.label} cannot be fitted on "
+                                        f"{own.head.name}: {str(exc).partition(chr(10))[0]}", "",
+                                        manual(f"stage {spec.label} in {own.head.name}'s Hugging Face cache")))
+    return fits, findings
 
 
 def preflight(inventory: Inventory, fleet: Fleet,
@@ -109,5 +122,6 @@ def preflight(inventory: Inventory, fleet: Fleet,
         gathered = asked.result()
     hosts = {n: f for n, f in gathered.items() if isinstance(f, Host)}
     findings = [unreachable(n, e) for n, e in gathered.items() if isinstance(e, Exception)]
-    findings += run_checks(inventory, hosts, plan, fit_for_check(inventory, fleet, hosts, plan))
+    fits, unfitted = fit_for_check(inventory, fleet, hosts, plan)
+    findings += run_checks(inventory, hosts, plan, fits) + unfitted
     return Report(hosts, tuple(findings), time.monotonic() - started)

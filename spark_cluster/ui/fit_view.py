@@ -9,7 +9,7 @@ import textwrap
 
 from rich.table import Table
 
-from spark_cluster.core.fit import GIB, Fit
+from spark_cluster.core.fit import GIB, Fit, NodeLoad
 from spark_cluster.ui.consoles import CONSOLES
 
 NODES_PER_TABLE = 3
@@ -75,3 +75,28 @@ def verdict(n) -> str:  # noqa: ANN001 - NodeFit
     return (f"a request of {n.max_model_len:,} tokens needs {n.max_model_len * n.kv_bytes_per_token / GIB:.2f} GiB "
             f"of KV cache but {n.kv_cache / GIB:.2f} GiB is left ({n.kv_tokens:,} tokens): lower --max-model-len "
             f"to {n.kv_tokens:,} or use --kv-cache-dtype fp8")
+
+
+def loads_report(loads: tuple[NodeLoad, ...]) -> None:
+    """Each node with every model placed on it: each one's share of the node's memory and what it
+    needs (weights, overhead, one request's KV cache), then the node's sum and verdict."""
+    console = CONSOLES.out
+    console.print("each node, all its models", markup=False)
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("node")
+    table.add_column("model", overflow="fold")
+    table.add_column("share", justify="right")
+    table.add_column("needs, GiB", justify="right")
+    table.add_column("of, GiB", justify="right")
+    table.add_column("")
+    for load in loads:
+        for i, (f, n) in enumerate(load.shares):
+            table.add_row(load.node if i == 0 else "", f.model, f"{f.layout.gpu_memory_utilization:g}",
+                          _gib(n.weights + n.overhead + n.max_model_len * n.kv_bytes_per_token), "", "")
+        table.add_row("", "all", f"{load.utilization:g}", _gib(load.needed), _gib(load.available),
+                      "fits" if load.fits else "[red]does not fit[/red]", end_section=True)
+    console.print(table)
+    for load in loads:
+        if load.utilization > 1.0 + 1e-9:
+            console.print(f"[red]does not fit[/red] on {load.node}: the models' shares add up to "
+                          f"{load.utilization:g} of its memory; lower their gpu_memory_utilization")

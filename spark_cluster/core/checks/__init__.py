@@ -8,7 +8,7 @@ pasted output is judged by the checks that need nothing else. One that raises be
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from spark_cluster.core.checks import cluster, driver, driver_load, fit, link, resources, runtime
 from spark_cluster.core.checks.base import Check, Finding, Need, NodeContext, Severity, blocker, check
@@ -63,9 +63,11 @@ def _phases(entries: Iterable[Check]) -> list[list[Check]]:
 
 
 def run_checks(inventory: Inventory, hosts: Mapping[str, Host], plan: ServePlan | None,
-               fit: Fit | None = None) -> list[Finding]:
+               fit: Fit | Sequence[Fit] | None = None) -> list[Finding]:
     """All findings. ``plan``: the launch the memory is judged for (serve_plan_or_none; None
-    without a servable model); ``fit``: its fit on the nodes' free memory (ops.preflight)."""
+    without a servable model); ``fit``: its fit on the nodes' free memory (ops.preflight), or each
+    model's where the inventory places several."""
+    fits = () if fit is None else (fit,) if isinstance(fit, Fit) else tuple(fit)
     findings: list[Finding] = []
     weights = resources.model_bytes_per_node(inventory, hosts)
     util = plan.gpu_memory_utilization if plan is not None else None
@@ -78,7 +80,7 @@ def run_checks(inventory: Inventory, hosts: Mapping[str, Host], plan: ServePlan 
             host = hosts.get(spec.name)
             if host is None:
                 continue
-            ctx = NodeContext(inventory, spec, weights, util, fit, tuple(findings))
+            ctx = NodeContext(inventory, spec, weights, util, fits[0] if fits else None, tuple(findings), fits[1:])
             for entry in phase:
                 findings += _guarded(spec.name, entry, host, ctx)
     return findings

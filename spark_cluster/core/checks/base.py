@@ -64,6 +64,11 @@ class NodeContext:
     util: float | None = None
     fit: Fit | None = None
     findings: tuple[Finding, ...] = ()
+    others: tuple[Fit, ...] = ()  # the fits of the inventory's further models
+
+    @property
+    def fits(self) -> tuple[Fit, ...]:
+        return ((self.fit,) if self.fit else ()) + self.others
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,19 @@ from spark_cluster.core.fit import GIB, NodeFit
 
 
 def check_fit(host: Host, ctx: NodeContext) -> Iterator[Finding]:
-    """`ctx.fit`: computed from the nodes' free memory at gathering time; None when the checkpoint
-    could not be read (model.files-missing says why). Quiet where a memory finding blocks the node
-    already (its own way out) and where this cluster's vLLM runs (what it holds is not missing)."""
-    fit = ctx.fit
-    n = next((n for n in fit.nodes if n.node == host.node), None) if fit is not None else None
-    if fit is None or n is None or n.fits or host.fact(OWN_RANKS):
+    """`ctx.fits`: each model's, computed from the nodes' free memory at gathering time; none for
+    a model whose checkpoint could not be read (model.files-missing says why). Quiet where a memory
+    finding blocks the node already (its own way out) and where this cluster's vLLM runs (what it
+    holds is not missing)."""
+    if host.fact(OWN_RANKS):
         return
     if any(f.blocking and f.node == host.node and f.id.startswith("memory.") for f in ctx.findings):
         return
-    yield blocker("model.does-not-fit", n.node, f"{fit.model} does not fit on {n.node}: {_why(n)}",
-                  _figures(n), manual(_way_out(n)))
+    for fit in ctx.fits:
+        n = next((n for n in fit.nodes if n.node == host.node), None)
+        if n is not None and not n.fits:
+            yield blocker("model.does-not-fit", n.node, f"{fit.model} does not fit on {n.node}: {_why(n)}",
+                          _figures(n), manual(_way_out(n)))
 
 
 def _g(n: float) -> str:

@@ -23,6 +23,7 @@ from spark_cluster.core.inventory.model import (
     Resolve,
     SSHSettings,
 )
+from spark_cluster.core.inventory.models import check_models, given_in_args, parse_models
 from spark_cluster.core.inventory.nodes import check_nodes, local_path, parse_nodes
 from spark_cluster.core.inventory.topology import TOPOLOGIES, check_topology, default_topology
 from spark_cluster.core.inventory.rules import (
@@ -33,6 +34,7 @@ from spark_cluster.core.inventory.rules import (
     IMAGE,
     IMAGE_HINT,
     LISTEN_CHOICES,
+    NODE_NAME,
     PYTHON,
     RAY_AUTH_CHOICES,
     RAY_AUTH_VARS,
@@ -101,15 +103,31 @@ def _parse(c: Checker, data: object, source: Path, resolve: Resolve) -> Inventor
         "cluster": (lambda v, p: _parse_cluster(c, v, p, base), REQUIRED),
         "nodes": (lambda v, p: parse_nodes(c, v, p, base, resolve), REQUIRED),
         "model": (lambda v, p: _parse_model(c, v, p), None),
+        "models": (lambda v, p: parse_models(c, v, p, _parse_model), None),
     }
     top = c.fill(data, (), fields, partial=True)
     if top is None:
         return None
     topology = _topology(c, data, top["nodes"])
+    models, paths = _models(c, top)
+    if top["nodes"] is not None and models:
+        check_models(c, models, paths, [str(d.fields.get("name")) for d in top["nodes"]])
     if c.failures or top["cluster"] is None or top["nodes"] is None:
         return None
     nodes = tuple(NodeSpec(**d.fields) for d in top["nodes"])
-    return Inventory(source, replace(top["cluster"], topology=topology), nodes, top["model"])
+    return Inventory(source, replace(top["cluster"], topology=topology), nodes,
+                     models[0] if models else None, tuple(models[1:]))
+
+
+def _models(c: Checker, top: dict) -> tuple[tuple[ModelSpec, ...], list[YamlPath]]:
+    """The models to serve, `model:` being a list of one, and where each is written."""
+    if top["model"] is not None and top["models"] is not None:
+        c.report(("models",), "the inventory has both model and models",
+                 "keep models: (a list) and move the model: entry into it")
+        return (), []
+    if top["models"] is not None:
+        return top["models"], [("models", i) for i in range(len(top["models"]))]
+    return ((top["model"],), [("model",)]) if top["model"] is not None else ((), [])
 
 
 def _topology(c: Checker, data: object, drafts: list | None) -> str:
@@ -238,6 +256,9 @@ def _parse_model(c: Checker, value: object, path: YamlPath) -> ModelSpec | None:
         "listen": (lambda v, p: c.choice(v, p, LISTEN_CHOICES), None),
         "open_without_key": (lambda v, p: _flag(c, v, p), False),
         "sync": (lambda v, p: _flag(c, v, p), False),
+        "nodes": (lambda v, p: _node_names(c, v, p), ()),
+        "gpu_memory_utilization": (lambda v, p: c.number(v, p, 0, 1), None),
+        "port": (lambda v, p: c.integer(v, p, 1024, 65535), None),
     }
     f = c.fill(value, path, fields)
     if f is not None and f["listen"] == "lan" and f["api_key_env"] is None and not f["open_without_key"]:
@@ -251,7 +272,21 @@ def _parse_model(c: Checker, value: object, path: YamlPath) -> ModelSpec | None:
         says = "sets both recipe and name" if given else "needs a recipe or a name"
         c.report(path, f"model {says}", "recipe: a spark-cluster recipe, or name: a Hugging Face repo id; not both")
         return None
+    for key, flag in (("gpu_memory_utilization", "--gpu-memory-utilization"), ("port", "--port")):
+        if f is not None and f[key] is not None and given_in_args(f["args"], flag) is not None:
+            c.report(path + (key,), f"{where(path + (key,))} and {flag} in its args say the same thing twice",
+                     f"keep {key}: and remove {flag} from args")
+            return None
     return None if f is None else ModelSpec(**f)
+
+
+def _node_names(c: Checker, value: object, path: YamlPath) -> tuple[str, ...] | None:
+    if not isinstance(value, list) or not value:
+        c.report(path, f"{where(path)} must be a list of node names, got {describe(value)}",
+                 "nodes: [spark-a, spark-b], or leave it out to place the model on every node")
+        return None
+    names = [c.text(item, path + (i,), NODE_NAME) for i, item in enumerate(value)]
+    return None if any(n is None for n in names) else tuple(str(n) for n in names)
 
 
 def _env_name(c: Checker, value: object, path: YamlPath) -> str | None:

@@ -192,12 +192,24 @@ class ModelSpec:
     # lan without an API key is an open LLM endpoint: only when the user says so.
     open_without_key: bool = False
 
-    @property
-    def listens_on(self) -> str:
-        return self.listen or ("lan" if self.api_key_env else "loopback")
     # `up` copies what a node lacks of the model's HF-cache entry from a node that has it,
     # over the link, before vLLM starts (`spark-cluster sync`).
     sync: bool = False
+    # Where this model runs when the inventory lists several (`models:`): its nodes (empty: all
+    # of them), its share of each of their memory (vLLM's --gpu-memory-utilization) and its
+    # API port. None leaves the recipe's (or vLLM's) value.
+    nodes: tuple[str, ...] = ()
+    gpu_memory_utilization: float | None = None
+    port: int | None = None
+
+    @property
+    def listens_on(self) -> str:
+        return self.listen or ("lan" if self.api_key_env else "loopback")
+
+    @property
+    def label(self) -> str:
+        """How messages name this model: its recipe or repo id."""
+        return str(self.recipe or self.name)
 
 
 @dataclass(frozen=True)
@@ -207,7 +219,12 @@ class Inventory:
     path: Path
     cluster: ClusterSettings
     nodes: tuple[NodeSpec, ...]
-    model: ModelSpec | None
+    model: ModelSpec | None  # the first (or only) model: what every single-model command serves
+    others: tuple[ModelSpec, ...] = ()  # the further models of `models:`
+
+    @property
+    def models(self) -> tuple[ModelSpec, ...]:
+        return (self.model, *self.others) if self.model else ()
 
     @property
     def head(self) -> NodeSpec:
