@@ -2,14 +2,17 @@
 """What a router in front of vLLM costs: the same streamed chats at the same rate sent to the
 model directly and through each router, TTFT p50 and output tok/s side by side.
 
-    sudo .venv/bin/python bench/router_overhead.py --litellm BIN --vllm-router BIN
+    sudo .venv/bin/python bench/router_overhead.py [--own-router] [--litellm BIN] [--vllm-router BIN]
         [--rate 2] [--requests 20] [--max-tokens 32] [--rounds 3]
 
 1. `lab up` (2 nodes) and `spark-cluster up` of its emulator inventory (Ray, TP=2): the model
    answers on the head, http://10.117.0.11:8000/v1.
-2. On this machine's loopback: LiteLLM's proxy (`--litellm`, the `litellm` script of a venv with
-   `litellm[proxy]`; it refuses to start without a master key, so one is made for the run and
-   sent as a bearer token), vllm-router in its plain mode (one worker) and in its gateway mode
+2. On this machine's loopback, the contenders asked for (at least one): the project's own router
+   (`--own-router`: spark_cluster/programs/router.py run by this python on a free port, with a
+   router key made for the run and sent as a bearer token, as a router off loopback needs),
+   LiteLLM's proxy (`--litellm`, the `litellm` script of a venv with `litellm[proxy]`; it refuses
+   to start without a master key, so one is made for the run and sent as a bearer token), and
+   with `--vllm-router` vllm-router in its plain mode (one worker) and in its gateway mode
    (`--enable-igw`, the one that routes by `model`: the workers are added with their model
    through its `POST /workers`; its `--worker-urls` are ignored in that mode).
 3. --rounds rounds, each sending --requests chats (`ignore_eos`, --max-tokens each, streamed with
@@ -44,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from preflight import BenchError, in_a_lab, lab, lab_namespaces, machine  # noqa: E402
 
 HEAD = "http://10.117.0.11:8000"
+OWN_ROUTER = Path(__file__).resolve().parents[1] / "spark_cluster" / "programs" / "router.py"
 MODEL = "spark-lab/tiny-moe"
 TARGET_TTFT_MS = 5.0
 TARGET_TOK_S = 0.03
@@ -94,9 +98,6 @@ def _wait_http(url: str, deadline_s: float, headers: dict[str, str] | None = Non
             time.sleep(0.5)
 
 
-PORTS = (4000, 4001, 4002, 29001, 29002)  # the routers' and vllm-router's metrics, on loopback
-
-
 def _free(port: int) -> bool:
     with socket.socket() as probe:
         try:
@@ -106,29 +107,72 @@ def _free(port: int) -> bool:
     return True
 
 
+def _own_router(work: Path, key: str, started: list[subprocess.Popen[bytes]]) -> str:
+    """spark_cluster/programs/router.py on a free loopback port, in `started`; its base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = work / "own-router.json"
+    config.write_text(json.dumps({"listen": "127.0.0.1", "port": port, "api_key_env": "BENCH_ROUTER_KEY",
+                                  "models": [{"name": MODEL, "url": HEAD, "api_key_env": None}]}))
+    log = work / "own-router.log"
+    with open(log, "wb") as out:
+        started.append(subprocess.Popen([sys.executable, str(OWN_ROUTER), "--config", str(config)],
+                                        env={**os.environ, "BENCH_ROUTER_KEY": key}, stdout=out, stderr=out))
+    end = time.monotonic() + 30
+    while True:
+        if started[-1].poll() is not None:
+            tail = log.read_text(errors="replace")[-1500:]
+            raise BenchError(f"own router exited ({started[-1].returncode}):\n{tail}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return f"http://127.0.0.1:{port}/v1"
+        except OSError as exc:
+            if time.monotonic() > end:
+                raise BenchError(f"own router: /health did not answer within 30 s: {exc}") from None
+            time.sleep(0.2)
+
+
 def _routers(args: argparse.Namespace, work: Path, key: str, started: list[subprocess.Popen[bytes]]) -> None:
-    """The three routers, each in `started` as soon as it runs (the caller stops them, on error too)."""
-    taken = [port for port in PORTS if not _free(port)]
+    """LiteLLM's and vllm-router's (both modes), each in `started` as soon as it runs (the caller
+    stops them, on error too)."""
+    # LiteLLM's port; vllm-router's two and their metrics' (it opens a Prometheus port per process).
+    wanted = (4000,) * bool(args.litellm) + (4001, 4002, 29001, 29002) * bool(args.vllm_router)
+    taken = [port for port in wanted if not _free(port)]
     if taken:  # another router would answer in place of ours
         raise BenchError(f"ports in use on 127.0.0.1: {' '.join(map(str, taken))} (`ss -ltnp` names who holds them)")
+    if not wanted:
+        return
     config = work / "litellm.yaml"
     config.write_text(f"model_list:\n  - model_name: {MODEL}\n    litellm_params:\n"
                       f"      model: hosted_vllm/{MODEL}\n      api_base: {HEAD}/v1\n")
-    logs = [open(work / f"{name}.log", "wb") for name in ("litellm", "router", "igw")]  # noqa: SIM115
-    started.append(subprocess.Popen([args.litellm, "--config", str(config), "--host", "127.0.0.1", "--port", "4000"],
-                                    env={**os.environ, "LITELLM_MASTER_KEY": key}, stdout=logs[0], stderr=logs[0]))
-    started.append(subprocess.Popen([args.vllm_router, "--host", "127.0.0.1", "--port", "4001", "--prometheus-host",
-                                     "127.0.0.1", "--prometheus-port", "29001", "--worker-urls", HEAD],
-                                    stdout=logs[1], stderr=logs[1]))
-    started.append(subprocess.Popen([args.vllm_router, "--enable-igw", "--host", "127.0.0.1", "--port", "4002",
-                                     "--prometheus-host", "127.0.0.1", "--prometheus-port", "29002"],
-                                    stdout=logs[2], stderr=logs[2]))
-    _wait_http("http://127.0.0.1:4000/v1/models", 120, {"Authorization": f"Bearer {key}"})
-    _wait_http("http://127.0.0.1:4001/v1/models", 60)
-    _wait_http("http://127.0.0.1:4002/workers", 60)
-    for name, log, proc in zip(("LiteLLM", "vllm-router", "vllm-router --enable-igw"), logs, started):
+    ours: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+
+    def start(name: str, log: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        with open(work / log, "wb") as out:
+            started.append(subprocess.Popen(argv, env=env, stdout=out, stderr=out))
+        ours.append((name, started[-1], work / log))
+
+    if args.litellm:
+        start("LiteLLM", "litellm.log", [args.litellm, "--config", str(config), "--host", "127.0.0.1", "--port",
+                                         "4000"], {**os.environ, "LITELLM_MASTER_KEY": key})
+    if args.vllm_router:
+        start("vllm-router", "router.log", [args.vllm_router, "--host", "127.0.0.1", "--port", "4001",
+                                            "--prometheus-host", "127.0.0.1", "--prometheus-port", "29001",
+                                            "--worker-urls", HEAD])
+        start("vllm-router --enable-igw", "igw.log", [args.vllm_router, "--enable-igw", "--host", "127.0.0.1",
+                                                      "--port", "4002", "--prometheus-host", "127.0.0.1",
+                                                      "--prometheus-port", "29002"])
+    if args.litellm:
+        _wait_http("http://127.0.0.1:4000/v1/models", 120, {"Authorization": f"Bearer {key}"})
+    if args.vllm_router:
+        _wait_http("http://127.0.0.1:4001/v1/models", 60)
+        _wait_http("http://127.0.0.1:4002/workers", 60)
+    for name, proc, log in ours:
         if proc.poll() is not None:
-            raise BenchError(f"{name} exited ({proc.returncode}):\n{Path(log.name).read_text(errors='replace')[-1500:]}")
+            raise BenchError(f"{name} exited ({proc.returncode}):\n{log.read_text(errors='replace')[-1500:]}")
+    if not args.vllm_router:
+        return
     add = urllib.request.Request("http://127.0.0.1:4002/workers", method="POST",
                                  data=json.dumps({"url": HEAD, "model_id": MODEL}).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -147,11 +191,17 @@ def bench(args: argparse.Namespace, work: Path) -> None:
         raise BenchError(f"`up` failed:\n{up.stdout[-2000:]}{up.stderr[-2000:]}")
     key = "sk-" + secrets.token_hex(16)
     routers: list[subprocess.Popen[bytes]] = []
-    targets = {"direct": (f"{HEAD}/v1", None), "LiteLLM proxy": ("http://127.0.0.1:4000/v1", key),
-               "vllm-router": ("http://127.0.0.1:4001/v1", None),
-               "vllm-router --enable-igw": ("http://127.0.0.1:4002/v1", None)}
-    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+    targets: dict[str, tuple[str, str | None]] = {"direct": (f"{HEAD}/v1", None)}
+    rounds: dict[str, list[dict[str, float]]] = {}
     try:
+        if args.own_router:
+            targets["own router (aiohttp)"] = (_own_router(work, key, routers), key)
+        if args.litellm:
+            targets["LiteLLM proxy"] = ("http://127.0.0.1:4000/v1", key)
+        if args.vllm_router:
+            targets["vllm-router"] = ("http://127.0.0.1:4001/v1", None)
+            targets["vllm-router --enable-igw"] = ("http://127.0.0.1:4002/v1", None)
+        rounds.update({name: [] for name in targets})
         _routers(args, work, key, routers)
         asyncio.run(_round(f"{HEAD}/v1", None, 4, args.rate, args.max_tokens))  # warm-up, thrown away
         for i in range(args.rounds):
@@ -183,18 +233,22 @@ def bench(args: argparse.Namespace, work: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--litellm", required=True, help="LiteLLM's `litellm` script (a venv with litellm[proxy])")
-    parser.add_argument("--vllm-router", required=True, help="vllm-router's `vllm-router` script")
+    parser.add_argument("--own-router", action="store_true",
+                        help="the project's router (spark_cluster/programs/router.py)")
+    parser.add_argument("--litellm", help="LiteLLM's `litellm` script (a venv with litellm[proxy])")
+    parser.add_argument("--vllm-router", help="vllm-router's `vllm-router` script")
     parser.add_argument("--rate", type=float, default=2.0, help="chats a second (default 2)")
     parser.add_argument("--requests", type=int, default=20, help="chats per target and round (default 20)")
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens of each chat (default 32)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     args = parser.parse_args()
+    if not (args.own_router or args.litellm or args.vllm_router):
+        parser.error("name at least one contender: --own-router, --litellm BIN, --vllm-router BIN")
     if os.geteuid() != 0:
         sys.exit("bench: the simulated lab needs root: run it with sudo")
     if lab_namespaces():
         sys.exit("bench: a lab is already up (ip netns list shows sclab-*): run `spark-cluster lab down` first")
-    for tool in (args.litellm, args.vllm_router):
+    for tool in filter(None, (args.litellm, args.vllm_router)):
         if not os.access(tool, os.X_OK):
             sys.exit(f"bench: {tool} is not an executable")
     return in_a_lab(lambda work: bench(args, work))

@@ -130,6 +130,8 @@ def test_commands_that_serve_one_model_refuse_several_naming_the_file(tmp_path: 
         assert "Traceback" not in result.stderr + result.stdout
     result = cli("validate", str(path))
     assert result.returncode == 0, result.stderr
+    assert "  model qwen3-235b-a22b-gptq-int4 on spark-a, spark-b, share 0.7, port 8001\n" \
+           "  model Qwen/Qwen3-0.6B on spark-b, share 0.2, port 8002\n" in result.stdout, result.stdout
 
 
 def test_fit_refuses_one_model_options_for_a_placed_plan(tmp_path: Path) -> None:

@@ -54,13 +54,9 @@ def fit(inventory: str, model: str | None, tp: int | None, pp: int | None, ep: b
     if layout.tp * layout.pp > len(inv.nodes):
         raise UsageError(f"--tp {layout.tp} x pipeline {layout.pp} needs {layout.tp * layout.pp} nodes; "
                          f"{inventory} lists {len(inv.nodes)}")
-    from spark_cluster.ops.serve import running
-
     with fleet_for(inv) as fleet:
         result = fit_cluster(inv, fleet, plan, model, layout)
-        if running(fleet.node(plan.head.node), plan.head):
-            ui.warn("this cluster's vLLM runs and holds its memory: the figures are against what is free "
-                    f"beside it; `spark-cluster down {inventory}` first for the verdict of a fresh start")
+        _warn_if_serving(fleet, plan, inventory)
     if as_json:
         ui.CONSOLES.out.out(dumps(result.as_dict()))
     else:
@@ -75,8 +71,11 @@ def _fit_placed(inv, where: str, as_json: bool) -> int:  # noqa: ANN001 - Invent
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ui.fit_view import fit_report, loads_report
 
+    from spark_cluster.core.serve_plan import serve_plan_or_none
+
     with fleet_for(inv) as fleet:
         fits = fit_models(inv, fleet)
+        _warn_if_serving(fleet, serve_plan_or_none(inv), where)
     loads = node_loads(fits, [n.name for n in inv.nodes])
     fits_all = all(f.fits for f in fits) and all(load.fits for load in loads)
     if as_json:
@@ -87,3 +86,11 @@ def _fit_placed(inv, where: str, as_json: bool) -> int:  # noqa: ANN001 - Invent
             fit_report(result, where)
         loads_report(loads)
     return 0 if fits_all else 1
+
+
+def _warn_if_serving(fleet, plan, where: str) -> None:  # noqa: ANN001 - Fleet, ServePlan | None
+    from spark_cluster.ops.serve import running
+
+    if plan is not None and running(fleet.node(plan.head.node), plan.head):
+        ui.warn("this cluster's vLLM runs and holds its memory: the figures are against what is free "
+                f"beside it; `spark-cluster down {where}` first for the verdict of a fresh start")

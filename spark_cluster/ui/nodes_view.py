@@ -18,8 +18,15 @@ def inventory_summary(inventory: Inventory) -> str:
 
     cluster = inventory.cluster
     pairs = len(hops(inventory))  # what linktest proves each way
+    from spark_cluster.core.inventory import placed_on
+
     model = inventory.model
-    what = "no model" if model is None else f"model {model.recipe or model.name}"
+    what = "no model" if model is None else f"model {model.label}"
+    if len(inventory.models) > 1:  # each on a line of its own: where it runs, its share, its port
+        names = [n.name for n in inventory.nodes]
+        what = "\n  ".join(f"model {m.label} on {', '.join(placed_on(m, names))}"
+                           + (f", share {m.gpu_memory_utilization:g}" if m.gpu_memory_utilization else "")
+                           + (f", port {m.port}" if m.port else "") for m in inventory.models)
     return (  # three short lines, so that they read at 80 columns
         f"{inventory.path}: valid: cluster {cluster.name}, {len(inventory.nodes)} nodes "
         f"(head {inventory.head.name})\n  {what}\n  {cluster.topology}: {pairs} rail pair{'s' * (pairs != 1)} "

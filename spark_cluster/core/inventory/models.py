@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from spark_cluster.core.errors import UsageError
 from spark_cluster.core.inventory.model import Inventory, ModelSpec
 from spark_cluster.core.yaml_checker import Checker, describe
 from spark_cluster.core.yaml_lines import YamlPath
@@ -133,8 +134,6 @@ def one_model(inventory: Inventory, command: str) -> None:
     partial = len(models) == 1 and len(placed_on(models[0], [n.name for n in inventory.nodes])) < len(inventory.nodes)
     if len(models) < 2 and not partial:
         return
-    from spark_cluster.core.errors import UsageError
-
     said = f"lists {len(models)} models ({', '.join(m.label for m in models)})" if len(models) > 1 else \
         f"places {models[0].label} on {', '.join(models[0].nodes)} of its {len(inventory.nodes)} nodes"
     raise UsageError(f"{inventory.path}: {said}; `{command}` serves one model on every node of an inventory so far\n"
