@@ -40,8 +40,10 @@ def fit(inventory: str, model: str | None, tp: int | None, pp: int | None, ep: b
     if kv_cache_dtype is not None and kv_cache_dtype != "auto" and kv_cache_dtype not in TORCH_BYTES:
         raise UsageError(f"--kv-cache-dtype {kv_cache_dtype!r}: choose auto or one of "
                          f"{', '.join(sorted(TORCH_BYTES))}")
+    from spark_cluster.core.inventory import places_models
+
     inv = load_inventory(inventory)
-    if len(inv.models) > 1 or inv.model and inv.model.nodes:
+    if places_models(inv):
         given = {"--model": model, "--tp": tp, "--pp": pp, "--ep/--no-ep": ep, "--max-model-len": max_model_len,
                  "--kv-cache-dtype": kv_cache_dtype}
         if any(v is not None for v in given.values()):
@@ -67,11 +69,10 @@ def fit(inventory: str, model: str | None, tp: int | None, pp: int | None, ep: b
 def _fit_placed(inv, where: str, as_json: bool) -> int:  # noqa: ANN001 - Inventory
     """Every model of the inventory on its own nodes, then each node with all it holds."""
     from spark_cluster.core.fit import node_loads
+    from spark_cluster.core.serve_plan import serve_plan_or_none
     from spark_cluster.ops.fit import fit_models
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ui.fit_view import fit_report, loads_report
-
-    from spark_cluster.core.serve_plan import serve_plan_or_none
 
     with fleet_for(inv) as fleet:
         fits = fit_models(inv, fleet)

@@ -93,6 +93,11 @@ class NodeFit:
     def fits(self) -> bool:
         return self.kv_cache > 0 and self.kv_tokens >= self.max_model_len
 
+    @property
+    def needed(self) -> int:
+        """Weights, overhead and the KV cache of one request of --max-model-len."""
+        return self.weights + self.overhead + self.max_model_len * self.kv_bytes_per_token
+
     def as_dict(self) -> dict[str, object]:
         def g(n: int) -> float:
             return round(n / GIB, 2)
@@ -140,12 +145,15 @@ class NodeLoad:
 
     @property
     def needed(self) -> int:
-        """Weights, overhead and one request's KV cache of every model here."""
-        return sum(n.weights + n.overhead + n.max_model_len * n.kv_bytes_per_token for _, n in self.shares)
+        return sum(n.needed for _, n in self.shares)
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.utilization > 1.0 + 1e-9
 
     @property
     def fits(self) -> bool:
-        return self.utilization <= 1.0 + 1e-9 and all(n.fits for _, n in self.shares)
+        return not self.oversubscribed and all(n.fits for _, n in self.shares)
 
     def as_dict(self) -> dict[str, object]:
         return {"node": self.node, "available_gib": round(self.available / GIB, 2),

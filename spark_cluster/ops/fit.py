@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -157,16 +157,29 @@ def fit_cluster(inventory: Inventory, fleet: Fleet, plan: ServePlan, model: str 
                          layout or layout_of(plan), ordered)
 
 
-def fit_models(inventory: Inventory, fleet: Fleet,
-               free: Mapping[str, int] | None = None) -> tuple[model_fit.Fit, ...]:
-    """The fit of every model of the inventory on its own nodes, each read from its own head's
-    cache and laid out as its own plan says, against one reading of the nodes' free memory."""
+def fit_each(inventory: Inventory, fleet: Fleet, free: Mapping[str, int], first: ServePlan | None = None
+             ) -> Iterator[tuple[Inventory, model_fit.Fit | SparkClusterError | model_fit.FitError]]:
+    """Each model's own inventory (inventory.inventory_of) and its fit on its own nodes, read from
+    its own head's cache and laid out as its own plan says (``first``: the first model's, where the
+    caller has it), or the error that kept it from one."""
     from spark_cluster.core.inventory import inventory_of
     from spark_cluster.core.serve_plan import serve_plan
 
-    free = free if free is not None else available_memory(fleet)
-    fits = []
-    for spec in inventory.models:
+    for index, spec in enumerate(inventory.models):
         own = inventory_of(inventory, spec)
-        fits.append(fit_cluster(own, fleet, serve_plan(own), free=free))
+        try:
+            yield own, fit_cluster(own, fleet, first if index == 0 and first else serve_plan(own), free=free)
+        except (SparkClusterError, model_fit.FitError) as exc:
+            yield own, exc
+
+
+def fit_models(inventory: Inventory, fleet: Fleet,
+               free: Mapping[str, int] | None = None) -> tuple[model_fit.Fit, ...]:
+    """The fit of every model of the inventory (fit_each), against one reading of the nodes' free
+    memory; the first error stops it."""
+    fits = []
+    for _, result in fit_each(inventory, fleet, free if free is not None else available_memory(fleet)):
+        if not isinstance(result, model_fit.Fit):
+            raise result
+        fits.append(result)
     return tuple(fits)

@@ -89,22 +89,19 @@ def fit_for_check(inventory: Inventory, fleet: Fleet, hosts: Mapping[str, Host],
             any(m is None for m in memory.values()):
         return [], []
     from spark_cluster.core.checks.base import manual, warning
-    from spark_cluster.core.fit import FitError
-    from spark_cluster.core.inventory import inventory_of
-    from spark_cluster.core.serve_plan import serve_plan
-    from spark_cluster.ops.fit import fit_cluster
+    from spark_cluster.core.fit import Fit
+    from spark_cluster.ops.fit import fit_each
 
     free = {n: m.available for n, m in memory.items() if m}
     fits, findings = [], []
-    for index, spec in enumerate(inventory.models):
-        own = inventory_of(inventory, spec)
-        try:
-            fits.append(fit_cluster(own, fleet, plan if index == 0 else serve_plan(own), free=free))
-        except (SparkClusterError, FitError) as exc:
-            if index:
-                findings.append(warning("model.missing", own.head.name, f"{spec.label} cannot be fitted on "
-                                        f"{own.head.name}: {str(exc).partition(chr(10))[0]}", "",
-                                        manual(f"stage {spec.label} in {own.head.name}'s Hugging Face cache")))
+    for index, (own, result) in enumerate(fit_each(inventory, fleet, free, plan)):
+        label, head = own.model.label, own.head.name  # type: ignore[union-attr]
+        if isinstance(result, Fit):
+            fits.append(result)
+        elif index:
+            findings.append(warning("model.missing", head, f"{label} cannot be fitted on {head}: "
+                                    f"{str(result).partition(chr(10))[0]}", "",
+                                    manual(f"stage {label} in {head}'s Hugging Face cache")))
     return fits, findings
 
 

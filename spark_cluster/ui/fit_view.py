@@ -92,11 +92,11 @@ def loads_report(loads: tuple[NodeLoad, ...]) -> None:
     for load in loads:
         for i, (f, n) in enumerate(load.shares):
             table.add_row(load.node if i == 0 else "", f.model, f"{f.layout.gpu_memory_utilization:g}",
-                          _gib(n.weights + n.overhead + n.max_model_len * n.kv_bytes_per_token), "", "")
+                          _gib(n.needed), "", "")
         table.add_row("", "all", f"{load.utilization:g}", _gib(load.needed), _gib(load.available),
                       "fits" if load.fits else "[red]does not fit[/red]", end_section=True)
     console.print(table)
     for load in loads:
-        if load.utilization > 1.0 + 1e-9:
+        if load.oversubscribed:
             console.print(f"[red]does not fit[/red] on {load.node}: the models' shares add up to "
                           f"{load.utilization:g} of its memory; lower their gpu_memory_utilization")

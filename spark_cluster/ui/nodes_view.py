@@ -14,12 +14,10 @@ if TYPE_CHECKING:
 
 
 def inventory_summary(inventory: Inventory) -> str:
-    from spark_cluster.core.inventory import hops  # --help need not load the inventory
+    from spark_cluster.core.inventory import hops, placed_on  # --help need not load the inventory
 
     cluster = inventory.cluster
     pairs = len(hops(inventory))  # what linktest proves each way
-    from spark_cluster.core.inventory import placed_on
-
     model = inventory.model
     what = "no model" if model is None else f"model {model.label}"
     if len(inventory.models) > 1:  # each on a line of its own: where it runs, its share, its port

@@ -127,12 +127,18 @@ def inventory_of(inventory: Inventory, spec: ModelSpec) -> Inventory:
     return replace(inventory, cluster=cluster, nodes=tuple(nodes), model=spec, others=())
 
 
+def places_models(inventory: Inventory) -> bool:
+    """Whether the plan is other than one model on every node: several, or one on part of them."""
+    models = inventory.models
+    return len(models) > 1 or bool(models) and \
+        len(placed_on(models[0], [n.name for n in inventory.nodes])) < len(inventory.nodes)
+
+
 def one_model(inventory: Inventory, command: str) -> None:
     """Refuse, naming the file, a plan of several models (or one on part of the nodes) for a
     command that serves a single model on every node."""
     models = inventory.models
-    partial = len(models) == 1 and len(placed_on(models[0], [n.name for n in inventory.nodes])) < len(inventory.nodes)
-    if len(models) < 2 and not partial:
+    if not places_models(inventory):
         return
     said = f"lists {len(models)} models ({', '.join(m.label for m in models)})" if len(models) > 1 else \
         f"places {models[0].label} on {', '.join(models[0].nodes)} of its {len(inventory.nodes)} nodes"
