@@ -23,6 +23,7 @@ from tests.test_fit import QWEN3_235B, qwen3_235b_tensors
 LAB = Path(__file__).resolve().parents[1] / "inventories" / "lab.yaml"
 BIG = "  - recipe: qwen3-235b-a22b-gptq-int4\n    gpu_memory_utilization: 0.7\n"
 SMALL = "  - name: Qwen/Qwen3-0.6B\n    nodes: [spark-b]\n    gpu_memory_utilization: 0.2\n"
+BIG_LABEL = "qwen3-235b-a22b-gptq-int4"
 
 
 def inventory_text(models: str) -> str:
@@ -119,15 +120,21 @@ def test_a_share_or_port_given_twice_is_refused_and_a_port_in_args_is_the_models
     assert any("both listen on port 8002 of spark-b" in p for p in clash)
 
 
-def test_commands_that_serve_one_model_refuse_several_naming_the_file(tmp_path: Path) -> None:
+def test_commands_of_one_model_take_it_by_name_and_say_how(tmp_path: Path) -> None:
     path = write(tmp_path, "models:\n" + BIG + SMALL)
-    with pytest.raises(UsageError, match=f"{path}: lists 2 models .*`status` serves one model"):
-        one_model(load_inventory(path), "status")
-    one_model(load_inventory(LAB), "status")  # one model on every node: served as before
-    for command in ("up", "status", "logs"):
+    with pytest.raises(UsageError, match=f"{path}: lists 2 models .*`logs` takes one of them"):
+        one_model(load_inventory(path), "logs")
+    with pytest.raises(UsageError, match="`sync` serves one model on every node"):
+        one_model(load_inventory(path), "sync", choosable=False)
+    one_model(load_inventory(LAB), "logs")  # one model on every node: served as before
+    for command in ("logs", "bench", "watch"):
         result = cli(command, str(path))
         assert result.returncode == 2 and f"{path}: lists 2 models" in result.stderr, (command, result.stderr)
+        assert f"--model {BIG_LABEL}" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr + result.stdout
+    unknown = cli("logs", str(path), "--model", "nope")
+    assert unknown.returncode == 2 and "no model 'nope'" in unknown.stderr and "Qwen/Qwen3-0.6B" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
     result = cli("validate", str(path))
     assert result.returncode == 0, result.stderr
     assert "  model qwen3-235b-a22b-gptq-int4 on spark-a, spark-b, share 0.7, port 8001\n" \
@@ -173,3 +180,46 @@ def test_check_blocks_the_model_that_does_not_fit_beside_another() -> None:
     assert [(f.id, f.node) for f in said] == [("model.does-not-fit", "spark-b")]
     assert said[0].message.startswith("second does not fit on spark-b") and said[0].blocking
     assert [f for spec in inv.nodes for f in check_fit(Host(spec.name, {}), NodeContext(inv, spec, fit=big))] == []
+
+
+def test_up_plans_the_largest_first_each_on_its_nodes_and_the_router_in_front(tmp_path: Path) -> None:
+    """`up --dry-run`: the big model (0.7 of two nodes) before the small one (0.2 of one), the
+    small one without Ray or a rendezvous, and the router on the head at 8000 reaching each."""
+    import json
+
+    from spark_cluster.core.router_plan import router_plan
+    from spark_cluster.ops.models import largest_first, served
+
+    path = write(tmp_path, "models:\n" + SMALL.replace("[spark-b]", "[spark-a]") + BIG)
+    models = served(load_inventory(path))
+    assert [s.spec.label for s in largest_first(models)] == [BIG_LABEL, "Qwen/Qwen3-0.6B"]
+    small = models[0].plan
+    assert small.executor == "mp" and "--nnodes" not in small.head.argv and len(small.commands) == 1
+    assert models[1].plan.cluster == f"{small.cluster}-m2"  # its own container, log and state
+    router = router_plan(load_inventory(path), [s.plan for s in models])
+    config = json.loads(router.head.argv[-1])
+    assert (router.head.node, router.port, config["listen"]) == ("spark-a", 8000, "127.0.0.1")
+    assert [(m["name"], m["url"]) for m in config["models"]] == [
+        ("Qwen/Qwen3-0.6B", "http://127.0.0.1:8001"), ("Qwen/Qwen3-235B-A22B-GPTQ-Int4", "http://127.0.0.1:8002")]
+    done = cli("up", str(path), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.index(f"# {BIG_LABEL} on spark-a, spark-b") < done.stdout.index("# Qwen/Qwen3-0.6B on spark-a")
+    assert "# the router on spark-a, http://127.0.0.1:8000/v1" in done.stdout
+
+
+def test_a_router_that_cannot_reach_a_model_and_two_models_across_nodes_are_refused(tmp_path: Path) -> None:
+    from spark_cluster.core.router_plan import router_plan
+    from spark_cluster.ops.models import served
+
+    path = write(tmp_path, "models:\n" + BIG + SMALL)  # off the head: on the link, where the router reaches it
+    off_head = served(load_inventory(path))[1].plan
+    assert (off_head.listen, off_head.bind_host) == ("link", "192.168.100.11")
+    path = write(tmp_path, "models:\n" + BIG + SMALL + "    listen: loopback\n")
+    with pytest.raises(UsageError, match="Qwen/Qwen3-0.6B runs on spark-b and listens on its loopback"):
+        router_plan(load_inventory(path), [s.plan for s in served(load_inventory(path))])
+    result = cli("up", str(path))
+    assert result.returncode == 2 and "give Qwen/Qwen3-0.6B listen: link" in result.stderr, result.stderr
+    both = write(tmp_path, "models:\n" + BIG.replace("0.7", "0.5") + SMALL.replace("    nodes: [spark-b]\n", "")
+                 .replace("0.2", "0.3"))
+    with pytest.raises(UsageError, match="each span several nodes"):
+        served(load_inventory(both))

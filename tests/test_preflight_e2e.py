@@ -192,8 +192,8 @@ def test_unreachable_node_is_one_finding(healthy) -> None:
 
 def test_two_models_are_fitted_node_by_node_and_one_that_does_not_fit_is_refused(healthy, tmp_path: Path) -> None:
     """A second model staged on spark-b beside the one on both nodes (issue 31): `fit` adds up each
-    node's models; `check` blocks the one whose share cannot hold it, on its node alone; `up`
-    refuses the plan before it reaches a node."""
+    node's models; `check` blocks the one whose share cannot hold it, on its node alone, and so
+    does `up` before it starts anything."""
     _, inventory = healthy
     text = inventory.read_text()
     head, _, model = text.partition("\nmodel:\n")
@@ -224,7 +224,7 @@ def test_two_models_are_fitted_node_by_node_and_one_that_does_not_fit_is_refused
         assert code == 1 and blockers(report) == [("spark-b", "model.does-not-fit")]
         said = next(f["message"] for f in report["findings"] if f["id"] == "model.does-not-fit")
         assert said.startswith("spark-lab/tiny-second does not fit on spark-b"), said
-        refused = cli("up", str(plan(0.3)))
-        assert refused.returncode == 2 and "lists 2 models" in refused.stderr, refused.stderr
+        refused = cli("up", str(plan(0.0001)))  # checked as a whole before any model starts
+        assert refused.returncode == 1 and "model.does-not-fit" in refused.stdout + refused.stderr, refused.stderr
     finally:
         on_node(inventory, "spark-b", f"rm -rf ~/.cache/huggingface/hub/{second}")

@@ -53,7 +53,7 @@ def sync(inventory: str, as_json: bool, source_node: str | None, streams: int, m
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.sync import sync as run_sync
 
-    inv = load_inventory(inventory, serving="sync")
+    inv = load_inventory(inventory, serving="sync", choosable=False)
     # A misspelt --from is refused now, not after every node's cache has been hashed.
     if source_node is not None and source_node not in [n.name for n in inv.nodes]:
         known = ", ".join(n.name for n in inv.nodes)

@@ -8,7 +8,7 @@ import time
 import click
 
 from spark_cluster import ui
-from spark_cluster.cli.params import count, seconds
+from spark_cluster.cli.params import count, model_option, seconds
 from spark_cluster.ui.jsonout import dumps
 
 
@@ -21,21 +21,39 @@ HANG_HELP = ("vLLM is hung when work is in flight (a request, or our one-token p
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--hang-after", "hang_after_s", type=seconds(1, 600, low_open=False), default=10.0, show_default=True,
               metavar="SECONDS", help=HANG_HELP + " status sends one probe and waits at most this long.")
-def status(inventory: str, as_json: bool, hang_after_s: float) -> int:
+@model_option("Only the status")
+def status(inventory: str, as_json: bool, hang_after_s: float, model_name: str | None) -> int:
     """Every layer: each node (memory, GPU, links), Ray (nodes alive, GPUs), vLLM (health, metrics),
     its engine asked for one token; then one verdict: healthy, hung, or what blocks serving,
-    with its evidence. Exit 0 healthy (or vLLM not started), 1 otherwise."""
+    with its evidence. With several models: each model so, then the router. Exit 0 healthy (or
+    vLLM not started), 1 otherwise."""
+    from spark_cluster.core.inventory import places_models
     from spark_cluster.ops.health import collect_status
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.nodes import fleet_for
 
-    inv = load_inventory(inventory, serving="status")
+    inv = load_inventory(inventory, model=model_name)
+    if model_name is None and places_models(inv):
+        return _status_of_models(inv, as_json, hang_after_s)
     with fleet_for(inv) as fleet:
         data = collect_status(inv, fleet, hang_after_s=hang_after_s)
     if as_json:
         ui.CONSOLES.out.out(dumps(data))
     else:
         ui.status_view(data, inv)
+    return 0 if data["healthy"] else 1
+
+
+def _status_of_models(inv, as_json: bool, hang_after_s: float) -> int:  # noqa: ANN001 - Inventory
+    from spark_cluster.ops.models import status_of_models
+    from spark_cluster.ops.nodes import fleet_for
+
+    with fleet_for(inv) as fleet:
+        data = status_of_models(inv, fleet, hang_after_s)
+    if as_json:
+        ui.CONSOLES.out.out(dumps(data))
+    else:
+        ui.models_status_view(data, inv)
     return 0 if data["healthy"] else 1
 
 
@@ -49,8 +67,9 @@ def status(inventory: str, as_json: bool, hang_after_s: float) -> int:
               metavar="SECONDS", help=HANG_HELP)
 @click.option("--probe-every", "probe_every_s", type=seconds(1, 86400, low_open=False), default=60.0,
               show_default=True, metavar="SECONDS", help="One-token probe of an idle vLLM this often.")
+@model_option("The dashboard")
 def watch(inventory: str, interval: float, restart_on_failure: bool, max_restarts: int,
-          count: int | None, hang_after_s: float, probe_every_s: float) -> int:
+          count: int | None, hang_after_s: float, probe_every_s: float, model_name: str | None) -> int:
     """A live dashboard of every layer, refreshed each second, with the verdict (healthy, hung,
     or what blocks serving); optionally restarts a dead vLLM. Exit 1 when the last verdict is
     not healthy."""
@@ -61,7 +80,7 @@ def watch(inventory: str, interval: float, restart_on_failure: bool, max_restart
     from spark_cluster.ops.nodes import fleet_for
     from spark_cluster.ops.watch import Supervisor
 
-    inv = load_inventory(inventory, serving="watch")
+    inv = load_inventory(inventory, serving="watch", model=model_name)
     data: dict = {"healthy": False}
     # Restarting changes the cluster: no `up`, `down` or `fix` meanwhile (a `down` elsewhere is
     # refused, rather than undone by the next restart).
@@ -109,9 +128,10 @@ def watch(inventory: str, interval: float, restart_on_failure: bool, max_restart
 @click.option("--compare", "compare_dir", type=click.Path(file_okay=False, exists=True), default=None,
               help="Print the change against an earlier --out directory.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with every figure.")
+@model_option("Measure the server")
 def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None, prompt_lengths: str | None,
           rate: str | None, duration: float, seed: int, out_dir: str | None, compare_dir: str | None,
-          as_json: bool) -> int:
+          as_json: bool, model_name: str | None) -> int:
     """Measure the server three ways: decode at each concurrency (tok/s per request and
     aggregate), prefill as prompts grow (--prompt-lengths), and queueing under a steady
     arrival rate (--rate). Exit 1 if any request failed.
@@ -128,7 +148,7 @@ def bench(inventory: str, concurrency: str, max_tokens: int, prompt: str | None,
 
     options = bench_options(concurrency, prompt_lengths, rate, duration_s=duration, seed=seed, max_tokens=max_tokens,
                             prompt=prompt, out_dir=out_dir, compare_dir=compare_dir)
-    inv = load_inventory(inventory, serving="bench")
+    inv = load_inventory(inventory, serving="bench", model=model_name)
     with BenchView(quiet=as_json) as view:
         run = run_bench(inv, options, view)
     if not as_json:

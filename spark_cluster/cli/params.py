@@ -47,3 +47,9 @@ def seconds(low: float = 0.0, high: float = 10 * 24 * 3600.0, *, low_open: bool 
 
 def count(low: int = 0, high: int = 1_000_000) -> Finite:
     return Finite(low, high, integer=True)
+
+
+def model_option(what: str):  # noqa: ANN201 - click's decorator
+    """`--model NAME`: one model of an inventory that lists several (by its name in models:)."""
+    return click.option("--model", "model_name", metavar="NAME", default=None,
+                        help=f"{what} of this model, where the inventory lists several (its name in models:).")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import click
 
 from spark_cluster import ui
-from spark_cluster.cli.params import count, seconds
+from spark_cluster.cli.params import count, model_option, seconds
 from spark_cluster.core.diagnose import STALLED_AFTER_S
 
 
@@ -44,9 +44,11 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
     # plan error is not this run's to report: check then judges memory without a plan.
     launches = until == "vllm" or dry_run
     if launches:
-        from spark_cluster.core.inventory import one_model
+        from spark_cluster.core.inventory import places_models
 
-        one_model(inv, "up")
+        if places_models(inv):
+            options = UpOptions(until=until, restart=restart, timeout_s=timeout_s, stalled_after=stalled_after)
+            return _up_models(inv, options, dry_run, as_json)
     plan = serve_plan(inv) if launches else serve_plan_or_none(inv)
     if dry_run:
         ui.CONSOLES.out.out(plan.render())
@@ -65,6 +67,35 @@ def up(inventory: str, until: str, restart: bool, dry_run: bool, timeout_s: floa
             _ctrl_c() as interrupted:
         options = UpOptions(until=until, restart=restart, timeout_s=timeout_s, stalled_after=stalled_after)
         run_up(UpInput(inv, fleet, plan, options), Shared(view, interrupted))
+    return 0
+
+
+def _up_models(inv, options, dry_run: bool, as_json: bool) -> int:  # noqa: ANN001 - Inventory, UpOptions
+    """Several models: each started in its turn (the largest first), then the router."""
+    from spark_cluster.core.router_plan import router_plan
+    from spark_cluster.ops.lock import cluster_lock
+    from spark_cluster.ops.models import largest_first, served, up_models
+    from spark_cluster.ops.nodes import fleet_for
+    from spark_cluster.ops.pipeline import Shared
+    from spark_cluster.ops.serve import secret_values
+    from spark_cluster.ui.up_view import UpView
+
+    models = served(inv)
+    router = router_plan(inv, [s.plan for s in models])
+    if dry_run:
+        for s in largest_first(models):
+            ui.CONSOLES.out.out(f"# {s.spec.label} on {', '.join(n.name for n in s.inventory.nodes)}")
+            ui.CONSOLES.out.out(s.plan.render())
+        config = router.head.argv[-1]
+        ui.CONSOLES.out.out(f"# the router on {router.head.node}, {router.endpoint}\n# config: {config}")
+        return 0
+    for s in models:
+        secret_values(s.plan.head)  # a key named but not set here: say so before anything starts
+        ui.plan_notes(s.plan)
+    secret_values(router.head)
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="up"), UpView(inv, as_json) as view, \
+            _ctrl_c() as interrupted:
+        up_models(inv, fleet, options, Shared(view, interrupted))
     return 0
 
 
@@ -97,6 +128,10 @@ def down(inventory: str) -> int:
     from spark_cluster.ops.shm import Freed, free_leaked
 
     inv = load_inventory(inventory)
+    from spark_cluster.core.inventory import places_models
+
+    if places_models(inv):
+        return _down_models(inv)
     failed = False
     with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="down"):
         if inv.model is not None:  # vLLM first: it is a client of Ray
@@ -125,18 +160,39 @@ def down(inventory: str) -> int:
     return 1 if failed else 0
 
 
+def _down_models(inv) -> int:  # noqa: ANN001 - Inventory
+    from spark_cluster.ops.lock import cluster_lock
+    from spark_cluster.ops.models import down_models
+    from spark_cluster.ops.nodes import fleet_for
+    from spark_cluster.ops.shm import Freed, free_leaked
+
+    with fleet_for(inv) as fleet, cluster_lock(inv.cluster.name, command="down"):
+        problems = down_models(inv, fleet)
+        freed = fleet.map(free_leaked)
+    for name, said in problems.items():
+        for line in said:
+            ui.CONSOLES.out.print(f"{name}: {line}")
+        if not said:
+            ui.CONSOLES.out.print(f"{name}: stopped; no process, container or port of the cluster's "
+                                  f"{len(inv.models)} models or their router left")
+            if isinstance(done := freed.get(name), Freed) and done.segments:
+                ui.CONSOLES.out.print(f"{name}: freed {done}")
+    return 1 if any(problems.values()) else 0
+
+
 @click.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--node", "node_name", metavar="NAME", help="This node's log (default: the head's vLLM log).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
 @click.option("-n", "--lines", type=count(0, 1_000_000), default=50, show_default=True, help="How many last lines first.")
-def logs(inventory: str, node_name: str | None, follow: bool, lines: int) -> int:
+@model_option("The log")
+def logs(inventory: str, node_name: str | None, follow: bool, lines: int, model_name: str | None) -> int:
     """The head's vLLM log (a worker's: its Ray log, or its vLLM log with executor mp), as `tail [-f]`."""
     from spark_cluster.ops.inventory import load_inventory
     from spark_cluster.ops.logs import log_source, tail
     from spark_cluster.ops.nodes import fleet_for
 
-    inv = load_inventory(inventory, serving="logs")
+    inv = load_inventory(inventory, serving="logs", model=model_name)
     source = log_source(inv, node_name)
     with fleet_for(inv, only=source.node) as fleet:
         tail(fleet.node(source.node), source, lines, ui.log_text, follow=follow)

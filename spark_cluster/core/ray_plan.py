@@ -201,7 +201,11 @@ def plan(inventory: Inventory) -> list[RayNodePlan]:
 
 
 def container_name(inventory: Inventory) -> str:
-    return f"spark-cluster-{inventory.cluster.name}"
+    return container_named(inventory.cluster.name)
+
+
+def container_named(cluster: str) -> str:
+    return f"spark-cluster-{cluster}"
 
 
 def docker_run(inventory: Inventory, node_plan: RayNodePlan) -> str:
@@ -294,9 +298,10 @@ def plan_mp(inventory: Inventory, serve_args: list[str]) -> list[MpNodePlan]:
     plans = []
     for spec in order:
         rank = 0 if spec.is_head else inventory.workers.index(spec) + 1
-        args = [*serve_args, "--distributed-executor-backend", "mp",
-                "--nnodes", str(len(inventory.nodes)), "--node-rank", str(rank),
-                "--master-addr", str(head.link_address), "--master-port", str(MP_MASTER_PORT)]
+        args = [*serve_args, "--distributed-executor-backend", "mp"]
+        if len(inventory.nodes) > 1:  # one node: vLLM's own default, no rendezvous to name
+            args += ["--nnodes", str(len(inventory.nodes)), "--node-rank", str(rank),
+                     "--master-addr", str(head.link_address), "--master-port", str(MP_MASTER_PORT)]
         if not spec.is_head:
             args.append("--headless")
         env = {k: v for k, v in node_env(inventory, spec).items() if not k.startswith("RAY_")}

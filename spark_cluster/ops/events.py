@@ -134,7 +134,9 @@ class VllmFollowing:
 
 @dataclass(frozen=True)
 class FollowStart:
-    """Following vLLM's start begins."""
+    """Following vLLM's start on these nodes begins."""
+
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,15 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class RouterReady:
+    """The one endpoint serves, in front of the models named (`how`: started, reused, restarted)."""
+
+    plan: ServePlan
+    models: tuple[str, ...]
+    how: str
+
+
+@dataclass(frozen=True)
 class Done:
     """`up` is done up to `until`."""
 
@@ -167,5 +178,5 @@ class Done:
 
 Event = (Stage | PullLine | Pulled | CheckBlocked | Checked | VllmVersion | WeightsEvent | WeightsSynced
          | RestartStop | RayStart | RayWait | RayEnd | RayReady | RuntimeReady | VllmFollowing | FollowStart
-         | FollowProgress | FollowEnd | Ready | Done)
+         | FollowProgress | FollowEnd | Ready | RouterReady | Done)
 Emit = Callable[[Event], None]

@@ -169,14 +169,33 @@ def exposed(name: str, kind: str = "counter") -> str:
     return name
 
 
-def registry_for(board: Board) -> CollectorRegistry:
+class BoardsCollector(Collector):
+    """Several boards (one per model) as one page: a family once, with every board's samples
+    (each labelled with its own cluster name)."""
+
+    def __init__(self, boards: list[Board]) -> None:
+        self.boards = boards
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for board in self.boards:
+            for family in BoardCollector(board).collect():
+                if family.name in merged:
+                    merged[family.name].samples.extend(family.samples)
+                else:
+                    merged[family.name] = family
+        yield from merged.values()
+
+
+def registry_for(*boards: Board) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BoardCollector(board))
+    registry.register(BoardCollector(boards[0]) if len(boards) == 1 else BoardsCollector(list(boards)))
     return registry
 
 
-def serve_metrics(board: Board, port: int, address: str = "127.0.0.1"):  # noqa: ANN201 - (server, thread)
-    """Serve /metrics on address:port in a daemon thread; returns what stops it (`.shutdown()`)."""
+def serve_metrics(boards: Board | list[Board], port: int, address: str = "127.0.0.1"):  # noqa: ANN201
+    """Serve /metrics on address:port in a daemon thread; returns (server, thread): `.shutdown()`
+    the server to stop it."""
     from prometheus_client import start_http_server
 
-    return start_http_server(port, addr=address, registry=registry_for(board))
+    return start_http_server(port, addr=address, registry=registry_for(*(boards if isinstance(boards, list) else [boards])))

@@ -274,7 +274,7 @@ def follow(given: UpInput, shared: Shared, reachable: ServePlan) -> Progress:
     # the poll loop looks at this flag instead (the caller's, when it set one for every stage).
     interrupted = shared.interrupted or threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set()) if shared.interrupted is None else None
-    shared.emit(events.FollowStart())
+    shared.emit(events.FollowStart(tuple(spec.name for spec in inv.nodes)))
     seen: list[Progress] = []
 
     def shown(progress: Progress) -> None:
@@ -336,8 +336,10 @@ def _explained(given: UpInput, shared: Shared, booted: dict[str, str], exc: Spar
     return explained(exc, stage, given.hint_path, lost)
 
 
-def up(given: UpInput, shared: Shared) -> UpOutcome:
-    """Every stage in order, each given the plan as the stages before left it; --until stops early."""
+def up(given: UpInput, shared: Shared, stages: tuple[Stage, ...] | None = None, closing: bool = True) -> UpOutcome:
+    """Every stage in order, each given the plan as the stages before left it; --until stops early.
+    ``stages``: from a later one on (each model of several, checked together before); ``closing``:
+    say `up` is done at the end (the caller does, after the last model)."""
     began = time.monotonic()
     last = LAST[given.options.until]
     booted: dict[str, str] = {}  # node -> boot_id when `up` began
@@ -346,7 +348,7 @@ def up(given: UpInput, shared: Shared) -> UpOutcome:
 
         booted = boot_ids(given.fleet, [spec.name for spec in given.inventory.nodes])
     done = UpOutcome(given.plan)
-    for stage in STAGES:
+    for stage in STAGES if stages is None else stages:
         try:
             result = stage.run(dataclasses.replace(given, plan=done.plan), shared)
         except KeyboardInterrupt:
@@ -361,6 +363,6 @@ def up(given: UpInput, shared: Shared) -> UpOutcome:
         done = dataclasses.replace(done, **{stage.keeps: result})
         if stage.run is last:
             break
-    if given.options.until != "check":  # `--until check` ends with check's own verdict
+    if closing and given.options.until != "check":  # `--until check` ends with check's own verdict
         shared.emit(events.Done(round(time.monotonic() - began, 1), given.options.until))
     return done

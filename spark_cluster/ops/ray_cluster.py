@@ -355,13 +355,15 @@ def tear_down(inventory: Inventory, fleet: Fleet) -> dict[str, str | Exception]:
     return dict(fleet.map(lambda n: stop_node(inventory, n)))
 
 
-def leftovers(inventory: Inventory, node: Node) -> list[str]:
-    """What of this cluster still runs on a node: our session, our container, Ray's ports."""
+def leftovers(inventory: Inventory, node: Node, ports: tuple[int, ...] = ()) -> list[str]:
+    """What of this cluster still runs on a node: our session, our container, Ray's ports, the API's
+    (and ``ports``: the further models' and the router's, where the cluster serves several)."""
     d = _dir(inventory)
+    listened = "|".join(str(p) for p in (inventory.cluster.ray_port, DASHBOARD_PORT, API_PORT, *ports))
     result = node.run(
         f"for f in {d}/ray.pid {d}/vllm.pid; do {session_of(_EACH_FILE)}; "
         "[ -z \"$sid\" ] || pgrep -s \"$sid\" | sed 's/^/process /'; done; "
         f"{_ours(inventory, '-aq')} 2>/dev/null | sed 's/^/container /'; "
-        f"ss -ltnH 2>/dev/null | awk '{{print $4}}' | grep -E ':({inventory.cluster.ray_port}|{DASHBOARD_PORT}|{API_PORT})$'"
+        f"ss -ltnH 2>/dev/null | awk '{{print $4}}' | grep -E ':({listened})$'"
         " | sed 's/^/listening /'; true", timeout=20)
     return [line for line in result.stdout.splitlines() if line.strip()]

@@ -97,18 +97,19 @@ def api_key(plan: ServePlan) -> str | None:
     return next((os.environ.get(name) or None for name in plan.secret_env), None)
 
 
-def stop_command(command: NodeCommand, grace_s: float = 20.0) -> str:
+def stop_command(command: NodeCommand, grace_s: float = 20.0, pattern: str = IN_CONTAINER) -> str:
     """Shell that stops this command's vLLM on its node and exits 0 once none of it is left.
 
     In a container, vLLM is a child of the container, not of the `docker exec` client in our
-    session: the client forwards no signal (docker/cli#5309), so vLLM is stopped in there first.
+    session: the client forwards no signal (docker/cli#5309), so vLLM (or what ``pattern`` matches
+    on its command line) is stopped in there first.
     """
     record = (RECORD,) if command.is_head else ()
     session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record)
     if command.container is None:
         return session
     # Python because the image has it for vLLM, while procps (pkill) it may lack.
-    inside = join("docker", "exec", command.container, *words("stop_matching", IN_CONTAINER, str(grace_s)))
+    inside = join("docker", "exec", command.container, *words("stop_matching", pattern, str(grace_s)))
     running = join("docker", "ps", "-q", "--filter", f"name=^{command.container}$")
     return (f"if {running} | grep -q .; then {inside} || exit 1; fi; "
             f"{session}")

@@ -38,8 +38,10 @@ HUNG_GRACE_S = 5.0
 class Supervisor:
     def __init__(self, inventory: Inventory, fleet: Fleet, log: Log, board: Board, stop: threading.Event, *,
                  max_restarts: int = 5, window_s: float = 3600.0, interval_s: float = 5.0,
-                 hang_after_s: float = 30.0, timeout_s: float = 3600.0, probe_every_s: float = PROBE_EVERY_S) -> None:
+                 hang_after_s: float = 30.0, timeout_s: float = 3600.0, probe_every_s: float = PROBE_EVERY_S,
+                 started: threading.Event | None = None) -> None:
         self.inv, self.fleet, self.board, self.stop = inventory, fleet, board, stop
+        self.started = started or threading.Event()  # set once the first bring-up has ended, either way
         self.plan = serve_plan(inventory)
         self.policy = Policy(hang_after_s=hang_after_s, unhealthy_after_s=max(hang_after_s, 3 * interval_s),
                              probe_every_s=probe_every_s)
@@ -69,6 +71,7 @@ class Supervisor:
             self.baseline = {n: s.memory_used_gib for n, s in first.nodes.items() if s.memory_used_gib is not None}
         if self._bring_up("start", budgeted=False):
             self.needs_up = False
+        self.started.set()
         while not self.stop.is_set():
             if self.stop.wait(self.interval_s):
                 break

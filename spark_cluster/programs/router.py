@@ -1,9 +1,9 @@
 """One OpenAI-compatible base URL in front of several vLLM servers: the request's `model` picks
 the server.
 
-    python router.py --config ROUTER.json
+    python router.py --config ROUTER.json     (or --config-json TEXT)
 
-    {"listen": "127.0.0.1", "port": 8000, "api_key_env": "ROUTER_KEY",
+    {"name": "lab-router", "listen": "127.0.0.1", "port": 8000, "api_key_env": "ROUTER_KEY",
      "models": [{"name": "org/model-a", "url": "http://127.0.0.1:8001", "api_key_env": null}, ...]}
 
 Secrets never appear in the config or the command line, only the names of the environment
@@ -40,7 +40,7 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
 # Host names the backend's address; Content-Length is recomputed from the body aiohttp sends;
 # Authorization is the router's own key, never to be shown to a backend.
 NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "authorization"}
-TOP_KEYS = {"listen", "port", "api_key_env", "open_without_key", "models"}
+TOP_KEYS = {"name", "listen", "port", "api_key_env", "open_without_key", "models"}
 MODEL_KEYS = {"name", "url", "api_key_env"}
 
 
@@ -105,12 +105,17 @@ def _is_loopback(host: str) -> bool:
 
 
 def load_config(path: str, environ: Optional[Mapping[str, str]] = None) -> Config:
-    environ = os.environ if environ is None else environ
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read it: {exc}") from None
+    return parse_config(text, environ)
+
+
+def parse_config(text: str, environ: Optional[Mapping[str, str]] = None) -> Config:
+    """The config from its JSON text (which holds no secret: it may stand on a command line)."""
+    environ = os.environ if environ is None else environ
     try:
         raw = json.loads(text)
     except ValueError as exc:
@@ -260,12 +265,14 @@ def make_app(config: Config) -> web.Application:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="router", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="the router's JSON config")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--config", help="the router's JSON config")
+    given.add_argument("--config-json", help="the config itself (spark-cluster's launch; it names its router)")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
+        config = load_config(args.config) if args.config else parse_config(args.config_json)
     except ConfigError as exc:
-        print(f"router: {args.config}: {exc}", file=sys.stderr)
+        print(f"router: {args.config or 'the config'}: {exc}", file=sys.stderr)
         return 2
     app = make_app(config)
     count = len(config.models)

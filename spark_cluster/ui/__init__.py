@@ -17,6 +17,7 @@ _VIEWS = {
     "init_view": ("init_line", "init_plan"),
     "jsonout": ("JsonLines",),
     "link_view": ("SyncView", "linktest_event", "linktest_report"),
+    "models_view": ("models_status_view",),
     "nodes_view": ("exec_results", "inventory_summary"),
     "serve_view": ("Waiting", "forward_hint", "log_text", "plan_notes", "ray_summary", "ready_summary",
                    "status_view", "vllm_status"),

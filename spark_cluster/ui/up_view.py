@@ -11,8 +11,8 @@ from rich.text import Text
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.ops.events import (
     Checked, CheckBlocked, Done, FollowEnd, FollowProgress, FollowStart, Pulled, PullLine, RayEnd, RayReady,
-    RayStart, RayWait, Ready, RestartStop, RuntimeReady, Stage, VllmFollowing, VllmVersion, WeightsEvent,
-    WeightsSynced,
+    RayStart, RayWait, Ready, RestartStop, RouterReady, RuntimeReady, Stage, VllmFollowing, VllmVersion,
+    WeightsEvent, WeightsSynced,
 )
 from spark_cluster.ui.check_view import check_report
 from spark_cluster.ui.consoles import CONSOLES
@@ -147,7 +147,8 @@ class UpView:
 
     @__call__.register
     def _follow_start(self, event: FollowStart) -> None:
-        self._load = LoadView(CONSOLES.out, [spec.name for spec in self.inventory.nodes], self.json).__enter__()
+        nodes = list(event.nodes) or [spec.name for spec in self.inventory.nodes]
+        self._load = LoadView(CONSOLES.out, nodes, self.json).__enter__()
 
     @__call__.register
     def _progress(self, event: FollowProgress) -> None:
@@ -176,6 +177,16 @@ class UpView:
                        seconds=round(progress.elapsed, 3), weights_gib=progress.state.weights_gib,
                        loaded_gib=progress.loaded_gib, resident_gib=progress.resident_gib(),
                        phases={k: round(v, 3) for k, v in progress.phase_times.items()})
+
+    @__call__.register
+    def _router_ready(self, event: RouterReady) -> None:
+        plan = event.plan
+        CONSOLES.out.print(Text("ready", style="bold green") + Text(
+            f": one endpoint {plan.endpoint} for {', '.join(event.models)} (router {event.how})"))
+        if plan.forward:
+            CONSOLES.out.print(f"  it listens on {plan.bind_host} of {plan.head.node} only ({plan.listen}); "
+                               f"from your machine: {plan.forward}")
+        self.json.emit("router-ready", endpoint=plan.endpoint, models=list(event.models), how=event.how)
 
     @__call__.register
     def _done(self, event: Done) -> None:

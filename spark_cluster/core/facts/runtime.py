@@ -55,16 +55,20 @@ def parse_python(text: str) -> dict[str, str]:
 
 def _own_pids_command(target: Target) -> str:
     # Processes of this cluster's own Ray and vLLM sessions, and of its container (where
-    # `docker exec` puts vLLM outside our session): not "another model server".
-    from spark_cluster.core.ray_plan import container_name, state_dir
+    # `docker exec` puts vLLM outside our session): not "another model server". Where the
+    # inventory serves several models, each one's and the router's are its own too.
+    from spark_cluster.core.inventory import cluster_names
+    from spark_cluster.core.ray_plan import container_named, state_dir
     from spark_cluster.core.session import session_of
 
     inventory = target.inventory
-    state = remote_path(state_dir(inventory.cluster.name))
+    names = cluster_names(inventory)
+    files = " ".join(f"{remote_path(state_dir(n))}/{f}" for n in names for f in ("vllm.pid", "ray.pid"))
     container = ""
     if inventory.cluster.runtime == "container":
-        container = f"{join('docker', 'top', container_name(inventory), '-eo', 'pid')} 2>/dev/null | tail -n +2; "
-    return (f"for f in {state}/vllm.pid {state}/ray.pid; do {session_of(EACH_FILE)}; "
+        container = "".join(f"{join('docker', 'top', container_named(n), '-eo', 'pid')} 2>/dev/null | tail -n +2; "
+                            for n in names)
+    return (f"for f in {files}; do {session_of(EACH_FILE)}; "
             f"[ -z \"$sid\" ] || pgrep -s \"$sid\"; done; {container}true")
 
 

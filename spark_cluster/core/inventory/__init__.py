@@ -16,7 +16,9 @@ from spark_cluster.core.inventory.model import (
     ClusterSettings, Inventory, InventoryError, Link, LinktestSettings, ModelSpec, NodeSpec, NoSSHConfig, Problem, Rail,
     Resolve, SSHDefaults, SSHSettings, UnknownNode,
 )
-from spark_cluster.core.inventory.models import inventory_of, one_model, placed_on, placement_words, places_models
+from spark_cluster.core.inventory.models import (
+    cluster_names, inventory_of, one_model, placed_on, placement_words, places_models,
+)
 from spark_cluster.core.inventory.rules import LISTEN_CHOICES, RAY_AUTH_CHOICES
 from spark_cluster.core.inventory.topology import CABLE_PORTS, TOPOLOGIES, Hop, directed, hops, unproven
 
@@ -49,5 +51,6 @@ __all__ = [
     "placed_on",
     "placement_words",
     "places_models",
+    "cluster_names",
     "unproven",
 ]

@@ -221,6 +221,9 @@ class Inventory:
     nodes: tuple[NodeSpec, ...]
     model: ModelSpec | None  # the first (or only) model: what every single-model command serves
     others: tuple[ModelSpec, ...] = ()  # the further models of `models:`
+    # One model's inventory (inventory_of): the cluster names every model of the whole plan and
+    # its router run under, whose processes on a node are the plan's own, not a competitor's.
+    family: tuple[str, ...] = ()
 
     @property
     def models(self) -> tuple[ModelSpec, ...]:

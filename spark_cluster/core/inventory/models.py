@@ -116,15 +116,32 @@ def _check_nodes_shared(c: Checker, models: Sequence[ModelSpec], paths: Sequence
 def inventory_of(inventory: Inventory, spec: ModelSpec) -> Inventory:
     """The inventory one model is served from: its nodes (the cluster's head leads where it is one
     of them, else the first), the model alone, and past the first model a cluster name of its own,
-    so that its vLLM has its own container, log and state beside the first's."""
+    so that its vLLM has its own container, log and state beside the first's. A model on one node
+    runs without Ray (vLLM's own processes on that node), beside a Ray the others may use; one
+    off the cluster's head listens on the link unless it says where."""
     names = placed_on(spec, [n.name for n in inventory.nodes])
     nodes = [n for n in inventory.nodes if n.name in names]
     if not any(n.is_head for n in nodes):
         nodes[0] = replace(nodes[0], role="head")
     index = inventory.models.index(spec)
-    cluster = inventory.cluster if index == 0 else replace(
-        inventory.cluster, name=f"{inventory.cluster.name}-m{index + 1}")
-    return replace(inventory, cluster=cluster, nodes=tuple(nodes), model=spec, others=())
+    cluster = replace(inventory.cluster, name=cluster_names(inventory)[index])
+    if len(nodes) == 1 < len(inventory.nodes):  # one node of several: no Ray, whatever the others use
+        cluster = replace(cluster, executor="mp")
+    if spec.listen is None and not any(n.name == inventory.head.name for n in nodes):
+        spec = replace(spec, listen="link")  # where the router on the head reaches it, and no further
+    return replace(inventory, cluster=cluster, nodes=tuple(nodes), model=spec, others=(),
+                   family=cluster_names(inventory))
+
+
+def cluster_names(inventory: Inventory) -> tuple[str, ...]:
+    """The names the plan's processes run under (state directory, container): each model's in
+    list order (the first the cluster's own, then `<name>-m2`, ...), then the router's."""
+    if inventory.family:
+        return inventory.family
+    base = inventory.cluster.name
+    if len(inventory.models) < 2:
+        return (base, f"{base}-router") if places_models(inventory) else (base,)
+    return (base, *(f"{base}-m{i + 1}" for i in range(1, len(inventory.models))), f"{base}-router")
 
 
 def places_models(inventory: Inventory) -> bool:
@@ -134,14 +151,17 @@ def places_models(inventory: Inventory) -> bool:
         len(placed_on(models[0], [n.name for n in inventory.nodes])) < len(inventory.nodes)
 
 
-def one_model(inventory: Inventory, command: str) -> None:
+def one_model(inventory: Inventory, command: str, choosable: bool = True) -> None:
     """Refuse, naming the file, a plan of several models (or one on part of the nodes) for a
-    command that serves a single model on every node."""
+    command that takes one model (``choosable``: by its `--model`; else not this plan at all)."""
     models = inventory.models
     if not places_models(inventory):
         return
     said = f"lists {len(models)} models ({', '.join(m.label for m in models)})" if len(models) > 1 else \
         f"places {models[0].label} on {', '.join(models[0].nodes)} of its {len(inventory.nodes)} nodes"
-    raise UsageError(f"{inventory.path}: {said}; `{command}` serves one model on every node of an inventory so far\n"
-                     "  hint: `validate`, `check` and `fit` take this plan; to serve, keep one model (without "
-                     "nodes:) in a copy of the inventory")
+    if not choosable:
+        raise UsageError(f"{inventory.path}: {said}; `{command}` serves one model on every node of an inventory\n"
+                         "  hint: `up`, `down`, `status` and `supervise` take this plan")
+    raise UsageError(f"{inventory.path}: {said}; `{command}` takes one of them at a time\n"
+                     f"  hint: `{command} {inventory.path} --model {models[0].label}`; `up`, `down` and `status` "
+                     "take the whole plan")
