@@ -298,3 +298,13 @@ def test_an_open_listen_needs_a_key_or_an_explicit_yes(tmp_path: Path) -> None:
         path.write_text(json.dumps(good_config(listen=listen)))
         with pytest.raises(router.ConfigError, match="not a loopback address"):
             router.load_config(str(path), {})
+
+
+def test_the_config_given_on_the_command_line_as_spark_cluster_launches_it() -> None:
+    """`up` passes the config itself (no secret in it: only variable names), so that the router
+    needs no file on the head; a bad one exits 2 as a bad file does."""
+    ok = router.parse_config(json.dumps({"name": "lab-router", **good_config()}), {})
+    assert list(ok.models) == ["m/a"]
+    proc = subprocess.run([sys.executable, str(ROUTER), "--config-json", json.dumps(good_config(port=0))],
+                          capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and proc.stderr.startswith("router: the config: ") and "'port'" in proc.stderr

@@ -82,8 +82,15 @@ def up_models(inventory: Inventory, fleet: Fleet, options: UpOptions, shared: Sh
         outcomes[s.spec.label] = up(given, shared, stages=STAGES[1:], closing=False)
     plans = {label: o.plan for label, o in outcomes.items()}
     rplan = router_plan(inventory, [plans[s.spec.label] for s in models])
-    shared.begin("router", f"one endpoint on {inventory.head.name}:{rplan.port} for {len(models)} models")
-    said = router.ensure(fleet, inventory, rplan)
+    try:
+        shared.begin("router", f"one endpoint on {inventory.head.name}:{rplan.port} for {len(models)} models")
+        said = router.ensure(fleet, inventory, rplan)
+    except KeyboardInterrupt:
+        if shared.interrupted is None:
+            raise
+        from spark_cluster.ops.stage_failure import interrupted
+
+        raise interrupted("router", inventory.head.name, str(inventory.path)) from None
     shared.emit(events.RouterReady(rplan, tuple(p.served_model_name for p in plans.values()), said))
     shared.emit(events.Done(round(time.monotonic() - began, 1), options.until))
     return ModelsUp(outcomes, rplan, said)

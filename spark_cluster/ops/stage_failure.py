@@ -24,6 +24,7 @@ _LEFT = {
     "ray": ("what Ray started keeps running (the head {node} first)", "brings the rest of Ray up or reuses it"),
     "runtime": ("the containers started keep running", "reuses them"),
     "vllm": ("vLLM keeps running on {node}", "follows it again (or reuses it once it serves)"),
+    "router": ("every model and the router keep running on {node}", "reuses them and asks the router again"),
 }
 
 
