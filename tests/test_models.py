@@ -223,3 +223,22 @@ def test_a_router_that_cannot_reach_a_model_and_two_models_across_nodes_are_refu
                  .replace("0.2", "0.3"))
     with pytest.raises(UsageError, match="each span several nodes"):
         served(load_inventory(both))
+
+
+def test_the_router_listens_where_the_first_model_does_with_its_key(tmp_path: Path) -> None:
+    import json
+
+    from spark_cluster.core.router_plan import router_plan
+    from spark_cluster.ops.models import served
+
+    for extra, listen, key, open_ in (("    listen: link\n", "192.168.100.10", None, True),
+                                      ("    api_key_env: SPARK_KEY\n", "0.0.0.0", "SPARK_ROUTER_API_KEY", False)):
+        path = write(tmp_path, "models:\n" + BIG + extra + SMALL)
+        inventory = load_inventory(path)
+        router = router_plan(inventory, [s.plan for s in served(inventory)])
+        config = json.loads(router.head.argv[-1])
+        assert (config["listen"], config["api_key_env"], config["open_without_key"]) == (listen, key, open_)
+        if key:  # the key's value reaches the router through its environment, named, never in argv
+            assert dict(router.head.secrets) == {key: "SPARK_KEY", "SPARK_MODEL_KEY_1": "SPARK_KEY"}
+            assert config["models"][0]["api_key_env"] == "SPARK_MODEL_KEY_1" and router.secret_env == ("SPARK_KEY",)
+            assert "SPARK_KEY" not in " ".join(router.head.argv)

@@ -52,7 +52,9 @@ def router_plan(inventory: Inventory, plans: Sequence[ServePlan]) -> ServePlan:
         secrets[KEY_VAR] = first.api_key_env
     config = {"name": router_name(inventory), "listen": bind_host, "port": API_PORT,
               "api_key_env": KEY_VAR if first.api_key_env else None,
-              "open_without_key": first.open_without_key, "models": models}
+              # On the link without a key, as the first model's own vLLM would listen there.
+              "open_without_key": first.open_without_key or (listen == "link" and not first.api_key_env),
+              "models": models}
     container = None
     if inventory.cluster.runtime == "container":
         beside = next((p for p in plans if p.head.node == head.name), None)

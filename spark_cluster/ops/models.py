@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from spark_cluster.core.errors import UsageError
+from spark_cluster.core.errors import SparkClusterError, UsageError
 from spark_cluster.core.inventory import Inventory, ModelSpec, inventory_of
 from spark_cluster.core.serve_plan import ServePlan, serve_plan
 from spark_cluster.ops import events
@@ -113,15 +113,15 @@ def down_models(inventory: Inventory, fleet: Fleet) -> dict[str, list[str]]:
     if rplan is not None:
         try:
             router.stop(fleet, inventory, rplan)
-        except Exception as exc:  # noqa: BLE001 - a node that does not answer is said, the others stopped
+        except SparkClusterError as exc:  # a head that does not answer is said; the models are still stopped
             problems[inventory.head.name].append(f"router not stopped: {str(exc).splitlines()[0]}")
     ports = tuple(s.plan.port for s in models)
     for s in models:
         nodes = sub_fleet(fleet, s.inventory)
-        outcomes = {**stop(nodes, s.plan), **tear_down(s.inventory, nodes)}
-        for name, outcome in outcomes.items():
-            if isinstance(outcome, Exception):
-                problems[name].append(f"{s.spec.label}: not stopped: {str(outcome).splitlines()[0]}")
+        for outcomes in (stop(nodes, s.plan), tear_down(s.inventory, nodes)):  # vLLM first: a client of Ray
+            for name, outcome in outcomes.items():
+                if isinstance(outcome, Exception):
+                    problems[name].append(f"{s.spec.label}: not stopped: {str(outcome).splitlines()[0]}")
     for s in models:
         for name, left in sub_fleet(fleet, s.inventory).map(lambda n, s=s: leftovers(s.inventory, n, ports)).items():
             said = [f"{s.spec.label}: {line}" for line in left] if isinstance(left, list) else \
@@ -143,7 +143,6 @@ def model_named(inventory: Inventory, name: str) -> Inventory:
             return sub
     raise UsageError(f"{inventory.path}: no model {name!r}; it serves "
                      f"{', '.join(s.label for s in inventory.models)}\n  hint: --model with one of those")
-
 
 
 def status_of_models(inventory: Inventory, fleet: Fleet, hang_after_s: float) -> dict[str, object]:
