@@ -44,10 +44,12 @@ def problems(tmp_path: Path, models: str) -> list[str]:
     return [str(p) for p in caught.value.problems]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The command as a user runs it: its exit code and all it prints."""
+    import os
+
     return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True, text=True,
-                          timeout=60, check=False, cwd=LAB.parents[1])
+                          timeout=60, check=False, cwd=LAB.parents[1], env={**os.environ, **(env or {})})
 
 
 def line_of(path: Path, text: str) -> int:
@@ -242,3 +244,15 @@ def test_the_router_listens_where_the_first_model_does_with_its_key(tmp_path: Pa
             assert dict(router.head.secrets) == {key: "SPARK_KEY", "SPARK_MODEL_KEY_1": "SPARK_KEY"}
             assert config["models"][0]["api_key_env"] == "SPARK_MODEL_KEY_1" and router.secret_env == ("SPARK_KEY",)
             assert "SPARK_KEY" not in " ".join(router.head.argv)
+
+
+def test_service_install_keeps_every_model_and_takes_each_ones_key(tmp_path: Path) -> None:
+    """The unit's supervise serves the whole plan; each model's key is read here, once each."""
+    path = write(tmp_path, "models:\n" + BIG + "    api_key_env: SPARK_T_KEY_A\n" + SMALL
+                 + "    listen: link\n    api_key_env: SPARK_T_KEY_B\n")
+    env = {"SPARK_T_KEY_A": "sk-a"}
+    missing = cli("service", "install", str(path), "--dry-run", env=env)
+    assert missing.returncode == 2 and "SPARK_T_KEY_B, which is not set here" in missing.stderr, missing.stderr
+    done = cli("service", "install", str(path), "--dry-run", env={**env, "SPARK_T_KEY_B": "sk-b"})
+    assert done.returncode == 0, done.stderr
+    assert f"supervise {path}" in done.stdout and "sk-a" not in done.stdout and "sk-b" not in done.stdout

@@ -32,7 +32,7 @@ def install(inventory: str, user: bool, metrics_port: int | None, metrics_addres
     from spark_cluster.ops import service as svc
     from spark_cluster.ops.inventory import load_inventory
 
-    inv = load_inventory(inventory, serving="service install", choosable=False)
+    inv = load_inventory(inventory)  # several models too: the unit's supervise keeps them all
     refuse_a_ring(inv)  # the unit would run `up` and supervise: refused there, say it here
     if dry_run:
         svc.secrets_here(inv)

@@ -28,10 +28,13 @@ def secrets_here(inv: Inventory) -> dict[str, str]:
     """The variables supervise reads for the servers it starts (the API key), from this shell."""
     if inv.model is None:
         return {}
+    from spark_cluster.core.inventory import inventory_of
     from spark_cluster.core.serve_plan import serve_plan
 
     values = {}
-    for name in serve_plan(inv).secret_env:
+    # Every model's (several: the first's is the router's too), each once.
+    names = dict.fromkeys(n for spec in inv.models for n in serve_plan(inventory_of(inv, spec)).secret_env)
+    for name in names:
         value = os.environ.get(name)
         if not value:
             raise UsageError(f"model.api_key_env names {name}, which is not set here; the service needs it\n"

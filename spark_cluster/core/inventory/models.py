@@ -161,7 +161,7 @@ def one_model(inventory: Inventory, command: str, choosable: bool = True) -> Non
         f"places {models[0].label} on {', '.join(models[0].nodes)} of its {len(inventory.nodes)} nodes"
     if not choosable:
         raise UsageError(f"{inventory.path}: {said}; `{command}` serves one model on every node of an inventory\n"
-                         "  hint: `up`, `down`, `status` and `supervise` take this plan")
+                         "  hint: `up`, `down`, `status`, `supervise` and `service install` take this plan")
     raise UsageError(f"{inventory.path}: {said}; `{command}` takes one of them at a time\n"
                      f"  hint: `{command} {inventory.path} --model {models[0].label}`; `up`, `down` and `status` "
                      "take the whole plan")
