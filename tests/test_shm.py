@@ -44,3 +44,20 @@ def test_a_name_with_a_space_is_one_segment(tmp_path: Path) -> None:
     odd.write_bytes(b"\0" * 4096)
     assert free_leaked(LocalNode("spark-a"), str(tmp_path)) == Freed(1, 4)
     assert not odd.exists()
+
+
+def test_a_named_semaphore_a_killed_rank_left_is_freed_and_a_live_one_kept(tmp_path: Path) -> None:
+    """Python's multiprocessing locks are POSIX named semaphores, /dev/shm/sem.mp-*: a rank killed
+    with SIGKILL leaves them (seen on the lab after a model's engine was killed)."""
+    left = tmp_path / "sem.mp-6tszk5vp"
+    left.write_bytes(b"\0" * 32)
+    live = tmp_path / "sem.mp-l1vel1ve"
+    live.write_bytes(b"\0" * 4096)
+    fd = os.open(live, os.O_RDWR)
+    mapped = mmap.mmap(fd, 4096)  # sem_open maps it, as a live process's semaphore is
+    os.close(fd)
+    try:
+        assert free_leaked(LocalNode("spark-a"), str(tmp_path)).segments == 1
+        assert not left.exists() and live.exists()
+    finally:
+        mapped.close()

@@ -1,8 +1,9 @@
 """Shared memory a killed vLLM left on a node, freed by `down`.
 
-vLLM's ranks talk through Python's `multiprocessing.shared_memory` segments (`/dev/shm/psm_*`);
-a rank killed outright (OOM, SIGKILL, a lost node) never unlinks them, and on a Spark every byte
-of /dev/shm is taken from the memory the GPU loads weights into. Only segments of the login user
+vLLM's ranks talk through Python's `multiprocessing.shared_memory` segments (`/dev/shm/psm_*`)
+and lock with its named semaphores (`/dev/shm/sem.mp-*`); a rank killed outright (OOM, SIGKILL,
+a lost node) never unlinks them, and on a Spark every byte of /dev/shm is taken from the memory
+the GPU loads weights into. Only segments of the login user
 that no live process maps or holds open are removed: a running program's are left alone.
 """
 
@@ -26,10 +27,11 @@ class Freed:
 
 
 def free_command(directory: str = SHM_DIR) -> str:
-    """Remove the user's unmapped `psm_*` segments in `directory`; print how many and their KiB."""
+    """Remove the user's unmapped `psm_*` segments and `sem.mp-*` semaphores in `directory`; print
+    how many and their KiB."""
     return (
         # A glob, not find's output: a name with a space stays one word.
-        f"n=0; k=0; for f in {join(directory)}/psm_*; do "
+        f"n=0; k=0; for f in {join(directory)}/psm_* {join(directory)}/sem.mp-*; do "
         "[ -f \"$f\" ] && [ -O \"$f\" ] || continue; "
         "grep -qsF \"$f\" /proc/[0-9]*/maps && continue; "
         "ls -l /proc/[0-9]*/fd 2>/dev/null | grep -qF \" $f\" && continue; "
