@@ -19,7 +19,7 @@ from spark_cluster.core.errors import UsageError
 from spark_cluster.core.inventory import Inventory
 from spark_cluster.core.inventory.models import API_PORT
 from spark_cluster.core.ray_plan import state_dir
-from spark_cluster.core.serve_plan import NodeCommand, ServePlan
+from spark_cluster.core.serve_plan import NodeCommand, ServePlan, listen_host, reached_at
 
 KEY_VAR = "SPARK_ROUTER_API_KEY"  # on the head: the router's own key, when the first model has one
 
@@ -38,7 +38,7 @@ def router_plan(inventory: Inventory, plans: Sequence[ServePlan]) -> ServePlan:
     head = inventory.head
     first = inventory.models[0]
     listen = first.listens_on
-    bind_host = {"loopback": "127.0.0.1", "link": str(head.link.rails[0].address.ip), "lan": "0.0.0.0"}[listen]
+    bind_host = listen_host(head, listen)
     secrets: dict[str, str] = {}
     models = []
     for i, (spec, plan) in enumerate(zip(inventory.models, plans)):
@@ -69,14 +69,9 @@ def router_plan(inventory: Inventory, plans: Sequence[ServePlan]) -> ServePlan:
     log_path = f"{state_dir(router_name(inventory))}/router.log"
     command = NodeCommand(head.name, True, head.address, MappingProxyType({}), argv, log_path, container,
                           MappingProxyType(secrets))
-    base = plans[0]
-    endpoint_host = head.real_host if listen == "lan" else bind_host
-    forward = None
-    if listen != "lan":
-        login = f"{head.user}@{head.address}" + (f" -p {head.port}" if head.port != 22 else "")
-        forward = f"ssh -N -L {API_PORT}:{bind_host}:{API_PORT} {login}"
+    endpoint_host, forward = reached_at(head, listen, bind_host, API_PORT)
     return dataclasses.replace(
-        base, cluster=router_name(inventory), commands=(command,), endpoint=f"http://{endpoint_host}:{API_PORT}/v1",
+        plans[0], cluster=router_name(inventory), commands=(command,), endpoint=f"http://{endpoint_host}:{API_PORT}/v1",
         log_path=log_path, secret_env=(first.api_key_env,) if first.api_key_env else (), listen=listen,
         bind_host=bind_host, port=API_PORT, forward=forward, warnings=(), pitfalls=())
 
@@ -88,4 +83,4 @@ def _url_from_head(inventory: Inventory, label: str, plan: ServePlan) -> str:
     if plan.listen == "loopback":
         raise UsageError(f"{inventory.path}: {label} runs on {plan.head.node} and listens on its loopback, where "
                          f"the router on {inventory.head.name} cannot reach it\n  hint: give {label} listen: link")
-    return f"http://{inventory.node(plan.head.node).link.rails[0].address.ip}:{plan.port}"
+    return f"http://{listen_host(inventory.node(plan.head.node), 'link')}:{plan.port}"

@@ -27,6 +27,7 @@ from spark_cluster.core import shell
 from spark_cluster.core.errors import UsageError
 from spark_cluster.core.shell import remote_path
 from spark_cluster.core.inventory import Inventory, NodeSpec, inventory_of, placement_words
+from spark_cluster.core.inventory.models import API_PORT
 from spark_cluster.core.ray_plan import auth_warning, container_name, node_env, plan_mp, state_dir, worker_only_env
 from spark_cluster.core.recipes import Recipe, load_recipe
 from spark_cluster.core.secrets import REDACTED, is_secret
@@ -37,7 +38,6 @@ from spark_cluster.core.vllm_args import (
 __all__ = ["API_PORT", "NodeCommand", "ServePlan", "ServePlanError", "for_installed_vllm", "merge_args", "parse_argv",
            "serve_plan", "serve_plan_or_none"]
 
-API_PORT = 8000
 API_KEY_VAR = "VLLM_API_KEY"  # vLLM's own: its API server takes the key from here as from --api-key
 CONTAINER_HF_HOME = "/root/.cache/huggingface"  # where ray_plan.docker_run mounts the node's HF cache
 VLLM_MODULE = "vllm.entrypoints.cli.main"  # the `vllm` console script, for `python -m` on hosts
@@ -253,26 +253,15 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
         put_flag(args, "--enable-server-load-tracking", [])
     listen = spec.listens_on
     head = inventory.head
-    # `link` is the QSFP link's first rail even on a ring, whose ranks meet on the management port:
-    # an API asked onto the link must not open on the management network.
-    link_ip = str(head.link.rails[0].address.ip)
-    bind_host = {"loopback": "127.0.0.1", "link": link_ip, "lan": "0.0.0.0"}[listen]
+    bind_host = listen_host(head, listen)
     put_flag(args, "--host", [bind_host])
     port = set_default(args, "--port", str(API_PORT))
     api_key_env = api_key_env or spec.api_key_env
-    forward = None
-    if listen == "lan":
-        # An ssh_config alias is no name HTTP can resolve: its HostName is (reach() tunnels
-        # when that is behind a jump host).
-        endpoint_host = _url_host(head.real_host)
-        if api_key_env is None:
-            warnings.append(f"vLLM listens on every interface of {head.name} without an API key "
-                            "(model.open_without_key): anyone on its network can use the model; "
-                            "set model.api_key_env, or model.listen: loopback")
-    else:
-        endpoint_host = bind_host
-        login = f"{head.user}@{_url_host(head.address)}" + (f" -p {head.port}" if head.port != 22 else "")
-        forward = f"ssh -N -L {port}:{bind_host}:{port} {login}"
+    endpoint_host, forward = reached_at(head, listen, bind_host, port)
+    if listen == "lan" and api_key_env is None:
+        warnings.append(f"vLLM listens on every interface of {head.name} without an API key "
+                        "(model.open_without_key): anyone on its network can use the model; "
+                        "set model.api_key_env, or model.listen: loopback")
     if auth_warning(inventory):
         warnings.append(auth_warning(inventory))
     if executor == "ray":
@@ -318,6 +307,20 @@ def serve_plan(inventory: Inventory, api_key_env: str | None = None, vllm_versio
         listen=listen, bind_host=bind_host, port=port, forward=forward,
         gpu_memory_utilization=utilization(next(c for c in commands if c.is_head).argv),
     )
+
+
+def listen_host(node: NodeSpec, listen: str) -> str:
+    """The address a server on ``node`` binds for `listen`. `link` is the link's first rail even on
+    a ring (whose ranks meet on the management port): never the management network."""
+    return {"loopback": "127.0.0.1", "link": str(node.link.rails[0].address.ip), "lan": "0.0.0.0"}[listen]
+
+
+def reached_at(node: NodeSpec, listen: str, bind_host: str, port: int | str) -> tuple[str, str | None]:
+    """A server's URL host, and (off the LAN) the SSH forward a user elsewhere runs to reach it."""
+    if listen == "lan":  # an ssh_config alias is no name HTTP resolves: its HostName is
+        return _url_host(node.real_host), None
+    login = f"{node.user}@{_url_host(node.address)}" + (f" -p {node.port}" if node.port != 22 else "")
+    return bind_host, f"ssh -N -L {port}:{bind_host}:{port} {login}"
 
 
 def serve_plan_or_none(inventory: Inventory) -> ServePlan | None:

@@ -2,15 +2,16 @@
 parser.
 
 `Board` holds the latest round (supervise writes it, the HTTP thread reads it under a lock);
-`BoardCollector` turns it into metric families at each scrape, with vLLM's own families
-relabelled with the node that serves them. `serve_metrics` binds loopback unless told otherwise.
+`BoardCollector` turns the boards (one per model served) into metric families at each scrape,
+with vLLM's own families relabelled with the node that serves them. `serve_metrics` binds
+loopback unless told otherwise.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -68,12 +69,22 @@ class Board:
 
 
 class BoardCollector(Collector):
-    def __init__(self, board: Board) -> None:
-        self.board = board
+    """The boards (one per model served) as one page: each family once, with every board's
+    samples, each labelled with its board's cluster name."""
+
+    def __init__(self, boards: Sequence[Board]) -> None:
+        self.boards = boards
 
     def collect(self) -> Iterator[Metric]:
-        with self.board.lock:
-            yield from self._families(self.board)
+        merged: dict[str, Metric] = {}
+        for board in self.boards:
+            with board.lock:
+                for family in self._families(board):
+                    if family.name in merged:
+                        merged[family.name].samples.extend(family.samples)
+                    else:
+                        merged[family.name] = family
+        yield from merged.values()
 
     def _families(self, b: Board) -> Iterator[Metric]:
         c = b.cluster
@@ -169,33 +180,15 @@ def exposed(name: str, kind: str = "counter") -> str:
     return name
 
 
-class BoardsCollector(Collector):
-    """Several boards (one per model) as one page: a family once, with every board's samples
-    (each labelled with its own cluster name)."""
-
-    def __init__(self, boards: list[Board]) -> None:
-        self.boards = boards
-
-    def collect(self) -> Iterator[Metric]:
-        merged: dict[str, Metric] = {}
-        for board in self.boards:
-            for family in BoardCollector(board).collect():
-                if family.name in merged:
-                    merged[family.name].samples.extend(family.samples)
-                else:
-                    merged[family.name] = family
-        yield from merged.values()
-
-
 def registry_for(*boards: Board) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BoardCollector(boards[0]) if len(boards) == 1 else BoardsCollector(list(boards)))
+    registry.register(BoardCollector(boards))
     return registry
 
 
-def serve_metrics(boards: Board | list[Board], port: int, address: str = "127.0.0.1"):  # noqa: ANN201
+def serve_metrics(boards: Sequence[Board], port: int, address: str = "127.0.0.1"):  # noqa: ANN201
     """Serve /metrics on address:port in a daemon thread; returns (server, thread): `.shutdown()`
     the server to stop it."""
     from prometheus_client import start_http_server
 
-    return start_http_server(port, addr=address, registry=registry_for(*(boards if isinstance(boards, list) else [boards])))
+    return start_http_server(port, addr=address, registry=registry_for(*boards))

@@ -123,14 +123,13 @@ def inventory_of(inventory: Inventory, spec: ModelSpec) -> Inventory:
     nodes = [n for n in inventory.nodes if n.name in names]
     if not any(n.is_head for n in nodes):
         nodes[0] = replace(nodes[0], role="head")
-    index = inventory.models.index(spec)
-    cluster = replace(inventory.cluster, name=cluster_names(inventory)[index])
+    family = cluster_names(inventory)
+    cluster = replace(inventory.cluster, name=family[inventory.models.index(spec)])
     if len(nodes) == 1 < len(inventory.nodes):  # one node of several: no Ray, whatever the others use
         cluster = replace(cluster, executor="mp")
     if spec.listen is None and not any(n.name == inventory.head.name for n in nodes):
         spec = replace(spec, listen="link")  # where the router on the head reaches it, and no further
-    return replace(inventory, cluster=cluster, nodes=tuple(nodes), model=spec, others=(),
-                   family=cluster_names(inventory))
+    return replace(inventory, cluster=cluster, nodes=tuple(nodes), model=spec, others=(), family=family)
 
 
 def cluster_names(inventory: Inventory) -> tuple[str, ...]:
