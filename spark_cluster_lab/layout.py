@@ -59,6 +59,11 @@ class NodePaths:
         return self.root / "bin"
 
     @property
+    def memo(self) -> Path:
+        """The stand-ins' kept answers (standins/memo.py)."""
+        return self.root / "memo"
+
+    @property
     def proc_driver(self) -> Path:
         return self.root / "proc-driver"
 

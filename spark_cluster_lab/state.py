@@ -105,6 +105,8 @@ def healthy_state(hostname: str, index: int) -> dict[str, Any]:
         "reboot_required": False,
     }
 
+GENERATION = "state.gen"  # beside state.json: the digest of what the kept answers depend on
+
 
 # --- persistence -------------------------------------------------------------------------
 
@@ -120,6 +122,31 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
         json.dump(state, f, indent=1)
         f.write("\n")
     os.replace(tmp, path)
+    _new_generation(path.with_name(GENERATION), state)
+
+
+def _new_generation(gen: Path, state: dict[str, Any]) -> None:
+    """The stand-ins' kept answers (standins/memo.py) are read under the generation they were made
+    in: a digest of the state, so none outlives the state it came from. Without what the node's
+    processes hold, which PID 1 follows as they start and end (a check's own shells move it) and
+    which no kept tool reads: with it, every check would find its answers of the last one gone."""
+    import hashlib
+
+    memory = state.get("memory", {})
+    held = memory.pop("processes_kib", None)
+    try:
+        digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:32]
+    finally:
+        if held is not None:
+            memory["processes_kib"] = held
+    try:
+        if gen.read_text(encoding="utf-8").strip() == digest:
+            return
+    except OSError:
+        pass
+    tmp = gen.with_name(f".{gen.name}.{os.getpid()}.tmp")
+    tmp.write_text(digest + "\n", encoding="utf-8")
+    os.replace(tmp, gen)
 
 
 @contextmanager

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,6 +19,24 @@ TOOLS: tuple[str, ...] = (
     "runc",
 )
 
+# A tool of standins.KEPT prints the answer it kept for these arguments under the node's state
+# generation, from bash (a few ms, as a Spark's C tool); otherwise it runs the stand-in, which
+# keeps it (standins/memo.py). The directory of a user's answers must be that user's own (-O).
+_KEPT_WRAPPER = """#!/bin/bash
+if read -r g < {gen} 2>/dev/null && [ -d {memo} ]; then
+  m={memo}/$EUID
+  x=
+  for p in {reads}; do v=; read -r v < "$p" 2>/dev/null; x+="$v,"; done
+  k=$(printf '%s\\0' "$x" "$@" | md5sum)
+  f=$m/$g/{tool}.${{k%% *}}
+  if [ -O "$m" ] && [ -e "$f.rc" ] && read -r rc < "$f.rc"; then
+    cat "$f.out" && {{ [ ! -s "$f.err" ] || cat "$f.err" >&2; }} && exit "$rc"
+  fi
+  export SPARK_LAB_MEMO="$f"
+fi
+exec {python} -IS -c {code} "$@"
+"""
+
 _WRAPPER = """#!{python} -IS
 import sys
 sys.path.insert(0, {pkg_parent!r})
@@ -26,11 +46,15 @@ main({tool!r}, {root!r})
 
 
 def write_wrappers(paths: NodePaths, python: str = sys.executable) -> None:
-    """One executable per stand-in in paths.bin, and the hog `ollama` in paths.root/hog.
+    """One executable per stand-in in paths.bin, and the hog `ollama` in paths.root/hog; the
+    kept answers of the stand-ins written before (their code may have changed) are dropped.
 
     `-IS` (not `-I -S`): the kernel passes everything after the interpreter as one argument.
     """
     paths.bin.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(paths.memo, ignore_errors=True)
+    paths.memo.mkdir()
+    paths.memo.chmod(0o1777)  # each user makes its own directory in it, as in /tmp
     for tool in TOOLS:
         write_wrapper(paths, tool, python)
     write_hog(paths, python)
@@ -39,6 +63,17 @@ def write_wrappers(paths: NodePaths, python: str = sys.executable) -> None:
 def write_wrapper(paths: NodePaths, tool: str, python: str = sys.executable) -> None:
     """The executable of one stand-in (a tool of standins._ENTRY) in the node's bin."""
     pkg_parent = str(Path(__file__).resolve().parents[1])
+    from spark_cluster_lab.standins import KEPT
+    from spark_cluster_lab.state import GENERATION
+
     target = paths.bin / tool
-    target.write_text(_WRAPPER.format(python=python, pkg_parent=pkg_parent, tool=tool, root=str(paths.root)))
+    if tool in KEPT:
+        code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); from spark_cluster_lab.standins import main; "
+                f"main({tool!r}, {str(paths.root)!r})")
+        reads = " ".join(shlex.quote(str(paths.root / read)) for read in KEPT[tool][1])  # an absolute one stays itself
+        target.write_text(_KEPT_WRAPPER.format(gen=shlex.quote(str(paths.root / GENERATION)), tool=tool, reads=reads,
+                                               memo=shlex.quote(str(paths.memo)), python=shlex.quote(python),
+                                               code=shlex.quote(code)))
+    else:
+        target.write_text(_WRAPPER.format(python=python, pkg_parent=pkg_parent, tool=tool, root=str(paths.root)))
     target.chmod(0o755)

@@ -566,24 +566,6 @@ def test_runc_lowers_an_execs_limits_in_its_process_spec_too(tmp_path: Path) -> 
     _clamp_file(str(tmp_path / "missing.json"), wrapped=False)  # no exception: runc says it
 
 
-# --- start-up time -----------------------------------------------------------------------------
-
-@pytest.mark.perf
-def test_a_stand_in_starts_fast(node: Node, figure) -> None:
-    node.out("uname", "-r")  # warm the page cache and bytecode
-    times = []
-    for _ in range(15):
-        started = time.perf_counter()
-        node.out("uname", "-r")
-        times.append(time.perf_counter() - started)
-    median = statistics.median(times)
-    figure("stand-in start (uname -r), best of 15", min(times) * 1000, "ms", "reported only", True)
-    # Every probe of `check` starts one: 150 ms is the target; a median past 450 ms (an import
-    # gone heavy, not a busy machine) fails.
-    figure("stand-in start (uname -r), median of 15", median * 1000, "ms", "150 ms; fails past 450 ms",
-           median < 0.450)
-
-
 HOLDER = """
 import fcntl, os, sys, time
 with open('/proc/self/comm', 'w') as comm:

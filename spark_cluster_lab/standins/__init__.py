@@ -8,6 +8,7 @@ and spark_cluster_lab, so that a call starts in a few tens of milliseconds.
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -41,13 +42,41 @@ _ENTRY: dict[str, tuple[str, str]] = {
 }
 
 
+# The tools whose answer is the node's state, the arguments and the files named (read by the
+# wrapper into the key): no process table, no clock, no side effect, no wait. Their wrapper
+# prints a kept answer (memo.py); a tool given subcommands keeps only those. A run that finds
+# itself reading something else live says `ctx.keep = False`.
+_NETDEVS = ("enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1")  # rdma.PORTS'
+_OPERSTATES = tuple(f"/sys/class/net/{netdev}/operstate" for netdev in _NETDEVS)
+KEPT: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
+    "uname": (None, ()), "lsmod": (None, ()), "modinfo": (None, ()), "dpkg-query": (None, ()),
+    "apt-mark": (("showhold",), ()),
+    "journalctl": (None, ("boot_id",)),  # relative to the node's root: its boot's id and time
+    "ibdev2netdev": (None, _OPERSTATES), "rdma": (None, _OPERSTATES),
+}
+
+
+def kept(tool: str, argv: list[str]) -> bool:
+    if tool not in KEPT:
+        return False
+    only = KEPT[tool][0]
+    return only is None or (bool(argv) and argv[0] in only)
+
+
 def main(tool: str, node_root: str | Path) -> None:
     # Die quietly on a closed pipe (`nvidia-smi | head -1`), as the C tools do.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     from spark_cluster_lab.standins.common import Ctx
 
+    memo = os.environ.pop("SPARK_LAB_MEMO", None)  # set by the wrapper: where this answer is kept
     module, func = _ENTRY[tool]
     run = getattr(importlib.import_module(f"{__name__}.{module}"), func)
-    rc = run(Ctx(tool, Path(node_root)), sys.argv[1:])
+    ctx, argv = Ctx(tool, Path(node_root)), sys.argv[1:]
+    if memo and kept(tool, argv):
+        from spark_cluster_lab.standins.memo import run_kept
+
+        rc = run_kept(memo, ctx, lambda: run(ctx, argv))
+    else:
+        rc = run(ctx, argv)
     sys.stdout.flush()
     sys.exit(rc)

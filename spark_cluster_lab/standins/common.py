@@ -23,6 +23,7 @@ class Ctx:
         self.tool = tool
         self.paths = NodePaths(root)
         self._state: dict[str, Any] | None = None
+        self.keep = True  # the answer may be kept (memo.py): False once it read something live
 
     @property
     def state(self) -> dict[str, Any]:

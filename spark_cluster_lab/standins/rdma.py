@@ -20,14 +20,18 @@ PORTS = (
 )
 
 
-def sys_class_net() -> Path:
-    # Overridable only so the stand-in can be tested outside a namespace.
-    return Path(os.environ.get("SPARK_SIM_SYS_CLASS_NET", "/sys/class/net"))
+def sys_class_net(ctx: Ctx) -> Path:
+    # Overridable only so the stand-in can be tested outside a namespace; the answer is then not
+    # kept, as the wrapper reads the operstates of /sys/class/net.
+    if "SPARK_SIM_SYS_CLASS_NET" in os.environ:
+        ctx.keep = False
+        return Path(os.environ["SPARK_SIM_SYS_CLASS_NET"])
+    return Path("/sys/class/net")
 
 
-def is_up(netdev: str) -> bool:
+def is_up(ctx: Ctx, netdev: str) -> bool:
     try:
-        return (sys_class_net() / netdev / "operstate").read_text().strip() == "up"
+        return (sys_class_net(ctx) / netdev / "operstate").read_text().strip() == "up"
     except OSError:
         return False
 
@@ -44,7 +48,7 @@ def ibdev2netdev(ctx: Ctx, argv: list[str]) -> int:
     if "mlx5_ib" not in loaded or "mlx5_core" not in loaded:
         return 0  # no RDMA devices registered: the script finds nothing to print
     for dev, pci, netdev in PORTS:
-        up = is_up(netdev)
+        up = is_up(ctx, netdev)
         state = "Up" if up else "Down"
         if verbose:
             out(f"{pci} {dev} (MT4129 - NVD0000000087) NVIDIA ConnectX-7 fw 28.45.4028 port 1 "
@@ -64,7 +68,7 @@ def rdma(ctx: Ctx, argv: list[str]) -> int:
     if "mlx5_ib" not in loaded or "mlx5_core" not in loaded:
         return 0
     for dev, _pci, netdev in PORTS:
-        up = is_up(netdev)
+        up = is_up(ctx, netdev)
         out(f"link {dev}/1 state {'ACTIVE' if up else 'DOWN'} physical_state {'LINK_UP' if up else 'DISABLED'} "
             f"netdev {netdev} ")
     return 0

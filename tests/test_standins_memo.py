@@ -1,0 +1,121 @@
+"""The stand-ins' kept answers (spark_cluster_lab/standins/memo.py): a tool whose answer is the
+node's state and its arguments alone answers a repeated call from bash, and never with an answer
+of a state that has changed since."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from test_standins import Node, public_node  # noqa: F401 - a fixture
+
+from spark_cluster_lab.state import GENERATION, locked_state
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path / "nodes" / "spark-a")
+
+
+def kept(node: Node, tool: str, uid: int = 0) -> list[Path]:
+    generation = (node.paths.root / GENERATION).read_text().strip()
+    return sorted((node.paths.memo / str(uid) / generation).glob(f"{tool}.*.rc"))
+
+
+def test_a_kept_answer_is_given_again_until_the_state_changes(node: Node) -> None:
+    assert node.out("uname", "-r") == "6.17.0-1014-nvidia\n"
+    [rc] = kept(node, "uname")
+    # The second call prints what the first kept: shown by changing the kept words.
+    rc.with_suffix(".out").write_text("kept\n")
+    assert node.out("uname", "-r") == "kept\n"
+    with locked_state(node.paths) as state:  # what a reboot into the next kernel changes
+        state["kernel"]["running"] = "6.17.0-1018-nvidia"
+    assert node.out("uname", "-r") == "6.17.0-1018-nvidia\n"
+    assert node.out("uname", "-r") == "6.17.0-1018-nvidia\n"
+    assert len(kept(node, "uname")) == 1
+
+
+def test_the_exit_code_and_stderr_are_kept_with_the_output(node: Node) -> None:
+    args = ("-W", "-f=${Package}\\n", "linux-image-6*", "nvidia-dkms-*")
+    first = node.run("dpkg-query", *args)
+    assert kept(node, "dpkg-query")
+    again = node.run("dpkg-query", *args)
+    assert (again.returncode, again.stdout, again.stderr) == (first.returncode, first.stdout, first.stderr) == (
+        1, "linux-image-6.17.0-1014-nvidia\n", "dpkg-query: no packages found matching nvidia-dkms-*\n")
+
+
+def test_an_answer_whose_stderr_came_first_is_not_kept(node: Node) -> None:
+    # `-s` of a missing and an installed package: the error is printed before the status block,
+    # an order the wrapper's replay (stdout, then stderr) would not keep.
+    done = node.run("dpkg-query", "-s", "nope", "linux-image-6.17.0-1014-nvidia")
+    assert done.returncode == 1 and done.stderr.startswith("dpkg-query: package 'nope' is not installed")
+    assert "Status: install ok installed" in done.stdout
+    assert kept(node, "dpkg-query") == []
+
+
+def test_tools_that_read_live_things_or_change_the_node_keep_nothing(node: Node, tmp_path: Path) -> None:
+    node.out("nvidia-smi", "-L")  # forgets ended processes: a side effect
+    node.out("date", "+%s")
+    sys_net = tmp_path / "sys-class-net"  # a /sys the wrapper does not read into the key
+    for netdev in ("enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1"):
+        (sys_net / netdev).mkdir(parents=True)
+        (sys_net / netdev / "operstate").write_text("up\n")
+    node.env["SPARK_SIM_SYS_CLASS_NET"] = str(sys_net)
+    assert "state ACTIVE" in node.out("rdma", "link", "show")
+    (sys_net / "enp1s0f1np1" / "operstate").write_text("down\n")
+    assert "link rocep1s0f1/1 state DOWN" in node.out("rdma", "link", "show")
+    assert node.run("apt-mark", "hold", "nvidia-utils-580").returncode == 0
+    assert node.out("apt-mark", "showhold") == "nvidia-utils-580\n"
+    assert node.run("apt-mark", "unhold", "nvidia-utils-580").returncode == 0
+    assert node.out("apt-mark", "showhold") == ""
+    generation = (node.paths.root / GENERATION).read_text().strip()
+    assert [p.name.split(".")[0] for p in (node.paths.memo / "0" / generation).glob("*.rc")] == ["apt-mark"]
+
+
+def test_the_rdma_key_files_are_the_ports_rdma_reads() -> None:
+    from spark_cluster_lab.standins import KEPT
+    from spark_cluster_lab.standins.rdma import PORTS
+
+    for tool in ("rdma", "ibdev2netdev"):
+        assert KEPT[tool][1] == tuple(f"/sys/class/net/{netdev}/operstate" for _, _, netdev in PORTS)
+
+
+def test_the_kernel_log_is_kept_per_boot(node: Node) -> None:
+    (node.paths.root / "boot_id").write_text("a-boot\n")
+    first = node.out("journalctl", "-k", "-q")
+    assert node.out("journalctl", "-k", "-q") == first and kept(node, "journalctl")
+    (node.paths.root / "boot_id").write_text("the-next-boot\n")  # a reboot: a new id, a new time
+    os.utime(node.paths.root / "boot_id", (1_700_000_000, 1_700_000_000))
+    assert node.out("journalctl", "-k", "-q") != first
+
+
+def test_a_user_does_not_read_answers_from_a_directory_it_does_not_own(public_node: Node) -> None:  # noqa: F811
+    node = public_node
+    assert node.run("uname", "-r", as_nobody=True).stdout == "6.17.0-1014-nvidia\n"
+    theirs = node.paths.memo / "65534"
+    [rc] = theirs.glob("*/uname.*.rc")
+    rc.with_suffix(".out").write_text("forged\n")
+    os.chown(theirs, 0, 0)  # someone else's now: nobody must not trust it
+    assert node.run("uname", "-r", as_nobody=True).stdout == "6.17.0-1014-nvidia\n"
+
+
+@pytest.mark.perf
+def test_a_kept_answer_costs_what_a_c_tool_costs(node: Node, figure) -> None:
+    def median_ms(*argv: str) -> float:
+        node.out(*argv)
+        times = []
+        for _ in range(15):
+            started = time.perf_counter()
+            node.out(*argv)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times) * 1000
+
+    kept_ms, python_ms = median_ms("uname", "-r"), median_ms("nvidia-smi", "-L")
+    figure("stand-in answer kept (uname -r), median of 15", kept_ms, "ms", "reported only", True)
+    # The Python stand-in beside it: a kept answer that cost as much would keep nothing.
+    figure("stand-in start (nvidia-smi -L), median of 15", python_ms, "ms", "150 ms; fails past 450 ms",
+           python_ms < 450)
+    assert kept_ms < python_ms / 2, (kept_ms, python_ms)
