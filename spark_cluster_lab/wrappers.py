@@ -20,17 +20,20 @@ TOOLS: tuple[str, ...] = (
 )
 
 # A tool of standins.KEPT prints the answer it kept for these arguments under the node's state
-# generation, from bash (a few ms, as a Spark's C tool); otherwise it runs the stand-in, which
-# keeps it (standins/memo.py). The directory of a user's answers must be that user's own (-O).
+# generation, or execs the real tool kept as the answer, from bash (a few ms, as a Spark's C
+# tool); otherwise it runs the stand-in, which keeps it (standins/memo.py). The directory of a
+# user's answers must be that user's own (-O).
 _KEPT_WRAPPER = """#!/bin/bash
-if read -r g < {gen} 2>/dev/null && [ -d {memo} ]; then
+if read -r g 2>/dev/null < {gen} && [ -d {memo} ]; then
   m={memo}/$EUID
   x=
-  for p in {reads}; do v=; read -r v < "$p" 2>/dev/null; x+="$v,"; done
+  for p in {reads}; do v=; read -r v 2>/dev/null < "$p"; x+="$v,"; done
   k=$(printf '%s\\0' "$x" "$@" | md5sum)
   f=$m/$g/{tool}.${{k%% *}}
   if [ -O "$m" ] && [ -e "$f.rc" ] && read -r rc < "$f.rc"; then
     cat "$f.out" && {{ [ ! -s "$f.err" ] || cat "$f.err" >&2; }} && exit "$rc"
+  elif [ -O "$m" ] && read -r x 2>/dev/null < "$f.exec"; then
+    exec "$x" "$@"
   fi
   export SPARK_LAB_MEMO="$f"
 fi

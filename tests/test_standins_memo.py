@@ -58,7 +58,6 @@ def test_an_answer_whose_stderr_came_first_is_not_kept(node: Node) -> None:
 
 def test_tools_that_read_live_things_or_change_the_node_keep_nothing(node: Node, tmp_path: Path) -> None:
     node.out("nvidia-smi", "-L")  # forgets ended processes: a side effect
-    node.out("date", "+%s")
     sys_net = tmp_path / "sys-class-net"  # a /sys the wrapper does not read into the key
     for netdev in ("enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1"):
         (sys_net / netdev).mkdir(parents=True)
@@ -119,3 +118,13 @@ def test_a_kept_answer_costs_what_a_c_tool_costs(node: Node, figure) -> None:
     figure("stand-in start (nvidia-smi -L), median of 15", python_ms, "ms", "150 ms; fails past 450 ms",
            python_ms < 450)
     assert kept_ms < python_ms / 2, (kept_ms, python_ms)
+
+
+def test_date_of_a_clock_not_skewed_is_the_real_date_until_the_clock_is_set(node: Node) -> None:
+    node.out("date", "+%s")
+    [marker] = sorted((node.paths.memo / "0").glob("*/date.*.exec"))
+    assert marker.read_text() == "/bin/date\n"
+    assert abs(float(node.out("date", "+%s.%N")) - time.time()) < 5
+    assert node.run("date", "-s", "+1 hour").returncode == 0  # skewed now: a new generation
+    assert abs(float(node.out("date", "+%s")) - time.time() - 3600) < 60
+    assert len(kept(node, "date")) == 0

@@ -53,6 +53,7 @@ KEPT: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
     "apt-mark": (("showhold",), ()),
     "journalctl": (None, ("boot_id",)),  # relative to the node's root: its boot's id and time
     "ibdev2netdev": (None, _OPERSTATES), "rdma": (None, _OPERSTATES),
+    "date": (None, ()),  # its answer kept is "the real date answers" (clock.date), for a clock not skewed
 }
 
 
@@ -75,7 +76,8 @@ def main(tool: str, node_root: str | Path) -> None:
     if memo and kept(tool, argv):
         from spark_cluster_lab.standins.memo import run_kept
 
-        rc = run_kept(memo, ctx, lambda: run(ctx, argv))
+        ctx.memo = memo
+        rc = run_kept(ctx, lambda: run(ctx, argv))
     else:
         rc = run(ctx, argv)
     sys.stdout.flush()

@@ -33,8 +33,13 @@ def date(ctx: Ctx, argv: list[str]) -> int:
     offset = float(ctx.state["clock"]["offset_s"])
     at = _find(argv, _SETS)
     if at is not None:
+        ctx.keep = False  # it changes the node, or says it may not
         return _set(ctx, argv, at)
     if offset == 0 or _find(argv, _TAKES_TIME) is not None:
+        if ctx.memo:  # under this state, the real date answers these arguments: the wrapper execs it
+            from spark_cluster_lab.standins.memo import keep_exec
+
+            keep_exec(ctx.memo, DATE)
         os.execv(DATE, ["date", *argv])
     os.execv(DATE, ["date", "-d", f"@{time.time() + offset:.9f}", *argv])
     return 0  # not reached

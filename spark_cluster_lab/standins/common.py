@@ -24,6 +24,7 @@ class Ctx:
         self.paths = NodePaths(root)
         self._state: dict[str, Any] | None = None
         self.keep = True  # the answer may be kept (memo.py): False once it read something live
+        self.memo: str | None = None  # where this call's answer is kept, when it may be
 
     @property
     def state(self) -> dict[str, Any]:

@@ -48,8 +48,8 @@ class _Tee:
         return getattr(self.stream, name)
 
 
-def run_kept(path: str, ctx: Ctx, call: Callable[[], int]) -> int:
-    """Run the stand-in, then keep what it printed at `path` (memo/<uid>/<generation>/<tool>.<key>)
+def run_kept(ctx: Ctx, call: Callable[[], int]) -> int:
+    """Run the stand-in, then keep what it printed at ctx.memo (memo/<uid>/<generation>/<tool>.<key>)
     unless it read something live (ctx.keep) or printed to stdout after stderr (bash prints a
     kept answer's stdout, then its stderr)."""
     order: list[str] = []
@@ -61,13 +61,25 @@ def run_kept(path: str, ctx: Ctx, call: Callable[[], int]) -> int:
         sys.stdout, sys.stderr = out.stream, err.stream
     if ctx.keep and order in ([], ["out"], ["err"], ["out", "err"]):
         try:
-            _keep(path, "".join(out.parts), "".join(err.parts), rc)
+            _keep(ctx.memo, "".join(out.parts), "".join(err.parts), rc)
         except OSError:
             pass  # a full or read-only disk: the answer was given, only not kept
     return rc
 
 
-def _keep(path: str, out: str, err: str, rc: int) -> None:
+def keep_exec(path: str, program: str) -> None:
+    """Keep, as this call's answer, that `program` answers it (the real `date` of a clock that is
+    not skewed): the wrapper then execs it with the arguments, without a Python start."""
+    try:
+        if _own_generation(path):
+            with open(path + ".exec", "w", encoding="utf-8") as f:
+                f.write(program + "\n")
+    except OSError:
+        pass
+
+
+def _own_generation(path: str) -> bool:
+    """The answer's generation directory made, in a directory of this user's own; old ones gone."""
     generation = os.path.dirname(path)
     mine = os.path.dirname(generation)
     try:
@@ -75,8 +87,20 @@ def _keep(path: str, out: str, err: str, rc: int) -> None:
     except FileExistsError:
         pass
     if os.stat(mine).st_uid != os.geteuid():
-        return
+        return False
     os.makedirs(generation, exist_ok=True)
+    now = time.time()
+    for entry in os.scandir(mine):
+        if entry.path != generation and entry.is_dir() and now - entry.stat().st_mtime > STALE_S:
+            for kept in os.scandir(entry.path):
+                os.unlink(kept.path)
+            os.rmdir(entry.path)
+    return True
+
+
+def _keep(path: str, out: str, err: str, rc: int) -> None:
+    if not _own_generation(path):
+        return
     for suffix, text in ((".out", out), (".err", err)):
         with open(path + suffix, "w", encoding="utf-8") as f:
             f.write(text)
@@ -84,10 +108,3 @@ def _keep(path: str, out: str, err: str, rc: int) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(f"{rc}\n")
     os.replace(tmp, path + ".rc")  # last: the wrapper reads an answer only once its .rc is there
-    now = time.time()
-    for entry in os.scandir(mine):
-        if entry.path != generation and entry.is_dir() and now - entry.stat().st_mtime > STALE_S:
-            for kept in os.scandir(entry.path):
-                os.unlink(kept.path)
-            os.rmdir(entry.path)
-
