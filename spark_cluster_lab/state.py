@@ -105,6 +105,7 @@ def healthy_state(hostname: str, index: int) -> dict[str, Any]:
         "reboot_required": False,
     }
 
+
 GENERATION = "state.gen"  # beside state.json: the digest of what the kept answers depend on
 
 

@@ -32,8 +32,8 @@ if read -r g 2>/dev/null < {gen} && [ -d {memo} ]; then
   f=$m/$g/{tool}.${{k%% *}}
   if [ -O "$m" ] && [ -e "$f.rc" ] && read -r rc < "$f.rc"; then
     cat "$f.out" && {{ [ ! -s "$f.err" ] || cat "$f.err" >&2; }} && exit "$rc"
-  elif [ -O "$m" ] && read -r x 2>/dev/null < "$f.exec"; then
-    exec "$x" "$@"
+  elif [ -O "$m" ] && read -r real 2>/dev/null < "$f.exec"; then
+    exec "$real" "$@"
   fi
   export SPARK_LAB_MEMO="$f"
 fi

@@ -1,13 +1,15 @@
 """Answers kept: a stand-in whose output depends on the node's state and its arguments alone
-(`uname`, `lsmod`, `dpkg-query` ...) leaves what it printed and its exit code for the next call
-with the same arguments under the same state, which its wrapper (wrappers.py) then prints from
-bash, without a Python start.
+(`uname`, `lsmod`, `dpkg-query` ...; standins.KEPT) leaves what it printed and its exit code for
+the next call with the same arguments under the same state, which its wrapper (wrappers.py) then
+prints from bash, without a Python start; `date` of a clock that is not skewed leaves instead
+that the real date answers, which the wrapper then execs.
 
 Every call of `check` runs a dozen stand-ins on each node; at ~30 ms of Python each they were most
 of a node's CPU, where a Spark's C tools take a few ms. Kept under `memo/<uid>/<generation>/`:
-`save_state` writes a new generation after each change of the state, so an answer is never read
-under a state it was not made from. Written only by the user it is for, in a directory that user
-owns (the wrapper checks the owner too): the login user cannot put words in root's tools.
+the generation is a digest of the state that `save_state` writes after each change
+(state.GENERATION), so an answer is never read under a state it was not made from. Written only
+by the user it is for, in a directory that user owns (the wrapper checks the owner too): the
+login user cannot put words in root's tools.
 """
 
 from __future__ import annotations
