@@ -128,3 +128,18 @@ def test_date_of_a_clock_not_skewed_is_the_real_date_until_the_clock_is_set(node
     assert node.run("date", "-s", "+1 hour").returncode == 0  # skewed now: a new generation
     assert abs(float(node.out("date", "+%s")) - time.time() - 3600) < 60
     assert len(kept(node, "date")) == 0
+
+
+def test_calls_at_once_each_get_the_whole_answer(node: Node) -> None:
+    """A check beside a supervise: the same tool with the same arguments, many at once, right
+    after a change of the state, while the answer is being kept by some of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    expected = node.out("dpkg-query", "-W", "-f=${Package}\\n", "linux-image-*")
+    for round_ in range(3):
+        with locked_state(node.paths) as state:
+            state["clock"]["offset_s"] = float(round_ + 1)  # a new generation; the packages unchanged
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            got = list(pool.map(lambda _: node.run("dpkg-query", "-W", "-f=${Package}\\n", "linux-image-*"),
+                                range(24)))
+        assert {(g.returncode, g.stdout, g.stderr) for g in got} == {(0, expected, "")}

@@ -74,8 +74,7 @@ def keep_exec(path: str, program: str) -> None:
     not skewed): the wrapper then execs it with the arguments, without a Python start."""
     try:
         if _own_generation(path):
-            with open(path + ".exec", "w", encoding="utf-8") as f:
-                f.write(program + "\n")
+            _write(path + ".exec", program + "\n")
     except OSError:
         pass
 
@@ -103,10 +102,15 @@ def _own_generation(path: str) -> bool:
 def _keep(path: str, out: str, err: str, rc: int) -> None:
     if not _own_generation(path):
         return
-    for suffix, text in ((".out", out), (".err", err)):
-        with open(path + suffix, "w", encoding="utf-8") as f:
-            f.write(text)
-    tmp = f"{path}.rc.{os.getpid()}"
+    _write(path + ".out", out)
+    _write(path + ".err", err)
+    _write(path + ".rc", f"{rc}\n")  # last: the wrapper reads an answer only once its .rc is there
+
+
+def _write(path: str, text: str) -> None:
+    """Whole or not at all: two calls that keep the same answer at once (a check beside a
+    supervise) must not let a reader find a file the other has just emptied to write it again."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(f"{rc}\n")
-    os.replace(tmp, path + ".rc")  # last: the wrapper reads an answer only once its .rc is there
+        f.write(text)
+    os.replace(tmp, path)
