@@ -11,6 +11,9 @@ from pathlib import Path
 
 from spark_cluster_lab.faults.memory import write_hog
 from spark_cluster_lab.layout import NodePaths
+from spark_cluster_lab.standins import KEPT
+from spark_cluster_lab.standins.rdma import PORTS
+from spark_cluster_lab.state import GENERATION
 
 TOOLS: tuple[str, ...] = (
     "nvidia-smi", "uname", "lsmod", "modinfo", "modprobe", "rmmod", "dpkg-query", "dpkg",
@@ -18,6 +21,13 @@ TOOLS: tuple[str, ...] = (
     "apt-mark", "apt-cache", "grub-editenv", "grub-set-default", "update-grub", "nvidia-container-runtime-hook",
     "runc",
 )
+
+# What a kept answer depends on beside the state, the arguments and the user: files the wrapper
+# reads into the key (relative to the node's root unless absolute).
+KEY_FILES: dict[str, tuple[str, ...]] = {
+    "journalctl": ("boot_id",),  # the boot's id; journalctl's times count from its file's
+    **dict.fromkeys(("ibdev2netdev", "rdma"), tuple(f"/sys/class/net/{netdev}/operstate" for _, _, netdev in PORTS)),
+}
 
 # A tool of standins.KEPT prints the answer it kept for these arguments under the node's state
 # generation, or execs the real tool kept as the answer, from bash (a few ms, as a Spark's C
@@ -66,14 +76,11 @@ def write_wrappers(paths: NodePaths, python: str = sys.executable) -> None:
 def write_wrapper(paths: NodePaths, tool: str, python: str = sys.executable) -> None:
     """The executable of one stand-in (a tool of standins._ENTRY) in the node's bin."""
     pkg_parent = str(Path(__file__).resolve().parents[1])
-    from spark_cluster_lab.standins import KEPT
-    from spark_cluster_lab.state import GENERATION
-
     target = paths.bin / tool
     if tool in KEPT:
         code = (f"import sys; sys.path.insert(0, {pkg_parent!r}); from spark_cluster_lab.standins import main; "
                 f"main({tool!r}, {str(paths.root)!r})")
-        reads = " ".join(shlex.quote(str(paths.root / read)) for read in KEPT[tool][1])  # an absolute one stays itself
+        reads = " ".join(shlex.quote(str(paths.root / read)) for read in KEY_FILES.get(tool, ()))
         target.write_text(_KEPT_WRAPPER.format(gen=shlex.quote(str(paths.root / GENERATION)), tool=tool, reads=reads,
                                                memo=shlex.quote(str(paths.memo)), python=shlex.quote(python),
                                                code=shlex.quote(code)))

@@ -42,25 +42,21 @@ _ENTRY: dict[str, tuple[str, str]] = {
 }
 
 
-# The tools whose answer is the node's state, the arguments and the files named (read by the
-# wrapper into the key): no process table, no clock, no side effect, no wait. Their wrapper
-# prints a kept answer (memo.py); a tool given subcommands keeps only those. A run that finds
-# itself reading something else live says `ctx.keep = False`.
-_NETDEVS = ("enP2p1s0f0np0", "enP2p1s0f1np1", "enp1s0f0np0", "enp1s0f1np1")  # rdma.PORTS'
-_OPERSTATES = tuple(f"/sys/class/net/{netdev}/operstate" for netdev in _NETDEVS)
-KEPT: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
-    "uname": (None, ()), "lsmod": (None, ()), "modinfo": (None, ()), "dpkg-query": (None, ()),
-    "apt-mark": (("showhold",), ()),
-    "journalctl": (None, ("boot_id",)),  # relative to the node's root: its boot's id and time
-    "ibdev2netdev": (None, _OPERSTATES), "rdma": (None, _OPERSTATES),
-    "date": (None, ()),  # its answer kept is "the real date answers" (clock.date), for a clock not skewed
+# The tools whose answer is the node's state and the arguments, and the files its wrapper reads
+# into the key (wrappers.KEY_FILES): no process table, no clock, no side effect, no wait. Their
+# wrapper prints a kept answer (memo.py); a tool given subcommands keeps only those. A run that
+# finds itself reading something else live says `ctx.keep = False`.
+KEPT: dict[str, tuple[str, ...] | None] = {
+    "uname": None, "lsmod": None, "modinfo": None, "dpkg-query": None, "apt-mark": ("showhold",),
+    "journalctl": None, "ibdev2netdev": None, "rdma": None,
+    "date": None,  # its answer kept is "the real date answers" (clock.date), for a clock not skewed
 }
 
 
 def kept(tool: str, argv: list[str]) -> bool:
     if tool not in KEPT:
         return False
-    only = KEPT[tool][0]
+    only = KEPT[tool]
     return only is None or (bool(argv) and argv[0] in only)
 
 
