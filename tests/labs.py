@@ -170,21 +170,21 @@ class Pool:
             assert synced.returncode == 0, synced.stdout + synced.stderr
 
     def _stop(self, inventory: Path, containers: bool) -> None:
-        """`down` as a user runs it, with the executors and runtimes something may have been
-        started with: Ray's (which stops the head's vLLM and Ray), then vLLM's own multi-node
-        mode (whose ranks run on every node), in a container too where one runs."""
+        """`down` as a user runs it, with vLLM's own multi-node mode: it stops vLLM on every node
+        (the head's alone ran under Ray) and Ray, in a container too where one runs. Not Ray's
+        first: an API server whose engine failed sits out its TERM until the headless node's
+        ranks are gone, the whole 20 s grace where those are left running."""
         COUNTS["down"] += 1
-        text = inventory.read_text()
+        text = inventory.read_text().replace("  executor: ray\n", "  executor: mp\n")
         variants = []
         for runtime in ("host", "container") if containers else ("host",):
-            for executor in ("ray", "mp"):
-                variant = text.replace("  executor: ray\n", f"  executor: {executor}\n")
-                if runtime == "container":
-                    variant = variant.replace("  runtime: host\n",
-                                              "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n")
-                path = self.base / f"restore-{runtime}-{executor}.yaml"
-                path.write_text(variant)
-                variants.append(path)
+            variant = text
+            if runtime == "container":
+                variant = variant.replace("  runtime: host\n",
+                                          "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n")
+            path = self.base / f"restore-{runtime}.yaml"
+            path.write_text(variant)
+            variants.append(path)
         done = [cli("down", str(variant), timeout=300) for variant in variants]
         assert done[-1].returncode == 0, "\n".join(d.stdout + d.stderr for d in done)
         for name in ("spark-a", "spark-b"):  # a copy of the weights a killed `up` left at either end

@@ -82,3 +82,50 @@ def test_a_stopped_process_of_the_session_goes_with_the_term_not_after_the_grace
     assert done.returncode == 0, done.stdout + done.stderr
     assert time.monotonic() - began < 10  # not the 20 s grace
     assert subprocess.run(["pgrep", "-s", str(leader.pid)], capture_output=True).returncode == 1
+
+
+def _session_of_a_patient_leader(tmp_path: Path) -> subprocess.Popen:
+    """A leader that, TERMed, leaves its child alone and waits for it, as a headless vLLM node's
+    leader waits on its workers; the child leaves at once when TERMed itself."""
+    import threading
+    import time
+
+    leader = subprocess.Popen(["setsid", "sh", "-c", "trap 'wait; exit' TERM; sleep 60 & wait"])
+    threading.Thread(target=leader.wait, daemon=True).start()
+    deadline = time.monotonic() + 5
+    while len(subprocess.run(["pgrep", "-s", str(leader.pid)], capture_output=True,
+                             text=True).stdout.split()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (tmp_path / "vllm.pid").write_text(f"{leader.pid} {BOOT} {start_time(leader.pid)}\n")
+    return leader
+
+
+def test_whole_terms_every_process_of_the_session_and_the_leader_alone_waits_for_the_kill(tmp_path: Path) -> None:
+    import time
+
+    leader = _session_of_a_patient_leader(tmp_path)
+    began = time.monotonic()
+    done = subprocess.run(["sh", "-c", stop_session_command(str(tmp_path), "vllm.pid", 20.0, whole=True)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - began < 10  # the child went with its own TERM, not at the KILL
+    assert subprocess.run(["pgrep", "-s", str(leader.pid)], capture_output=True).returncode == 1
+
+    leader = _session_of_a_patient_leader(tmp_path)
+    began = time.monotonic()
+    done = subprocess.run(["sh", "-c", stop_session_command(str(tmp_path), "vllm.pid", 1.0)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - began >= 1.0  # TERMed alone, the leader kept waiting until the KILL
+
+
+def test_a_headless_node_s_vllm_is_stopped_whole_and_the_head_s_by_its_leader() -> None:
+    from spark_cluster.core.serve_plan import NodeCommand
+    from spark_cluster.ops.serve import stop_command
+
+    def one(is_head: bool) -> str:
+        return stop_command(NodeCommand("spark-b", is_head, "10.0.0.2", {}, ("vllm", "serve"), "/tmp/x/vllm.log"))
+
+    whole, by_leader = 'pkill -TERM -s "$sid" 2>/dev/null; pkill -CONT', 'then kill -TERM "$sid"'
+    assert whole in one(False) and by_leader not in one(False)
+    assert by_leader in one(True) and whole not in one(True)

@@ -38,13 +38,16 @@ def _until_gone(seconds: float) -> str:
 
 
 def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
-                         also_remove: tuple[str, ...] = ()) -> str:
+                         also_remove: tuple[str, ...] = (), whole: bool = False) -> str:
     """Shell that TERMs, then KILLs, the session whose id is in `directory`/`pid_file`.
 
     The TERM goes to the session's leader (the pid in the file) while it lives: `ray start
     --block` and vLLM's API server take their children down in order, in seconds, while Ray's
     daemons TERMed all at once with their parent sit out the signal for half a minute. Without
-    a leader, the whole session gets it. What is left after `grace_s` is KILLed.
+    a leader, or with `whole`, the whole session gets it: a headless vLLM node's leader waits
+    5 s for its workers to leave on their own, then TERMs them and waits 4 s more (they wait on
+    the head, which is gone), where a worker TERMed itself leaves at once. What is left after
+    `grace_s` is KILLed.
 
     `directory` is a shell word (see shell.remote_path); file names are plain words.
     Exits 0 when none of the session is left (or there was none), 1 naming what is left.
@@ -57,8 +60,9 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
         # A record of another boot or of a process that is no longer ours: nothing to stop.
         f"if [ -z \"$sid\" ]; then rm -f {removed}; exit 0; fi; "
         # The leader is the process whose pid is the session id (Linux reuses neither while the session lives).
-        "if [ \"$(ps -o sid= -p \"$sid\" 2>/dev/null | tr -d ' ')\" = \"$sid\" ]; then kill -TERM \"$sid\"; "
-        "else pkill -TERM -s \"$sid\"; fi 2>/dev/null; "
+        + ("pkill -TERM -s \"$sid\" 2>/dev/null; " if whole else
+           "if [ \"$(ps -o sid= -p \"$sid\" 2>/dev/null | tr -d ' ')\" = \"$sid\" ]; then kill -TERM \"$sid\"; "
+           "else pkill -TERM -s \"$sid\"; fi 2>/dev/null; ") +
         # A stopped process (a rank frozen by SIGSTOP) holds its TERM until continued.
         "pkill -CONT -s \"$sid\" 2>/dev/null; "
         + _until_gone(grace_s) +

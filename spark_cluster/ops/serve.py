@@ -105,7 +105,10 @@ def stop_command(command: NodeCommand, grace_s: float = 20.0, pattern: str = IN_
     on its command line) is stopped in there first.
     """
     record = (RECORD,) if command.is_head else ()
-    session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record)
+    # A headless node's ranks are TERMed with their leader: left to it, they get 9 s more (they
+    # wait on a head that is gone). The head's API server takes its own down in order.
+    session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record,
+                                   whole=not command.is_head)
     if command.container is None:
         return session
     # Python because the image has it for vLLM, while procps (pkill) it may lack.

@@ -24,6 +24,7 @@ from fabric import Config, Connection
 from paramiko.auth_strategy import Password
 
 from spark_cluster.core.errors import ConnectError
+from spark_cluster.transport.remote_runner import EventRemote
 from spark_cluster.transport.ssh_auth import KeyProblem, Keys, keys_for
 from spark_cluster.transport.ssh_config import Route, SSHConfigError, route
 
@@ -236,7 +237,8 @@ def _open(
         },
         # The route is resolved above: fabric must not read ssh_config again (it would open
         # jump hosts of its own, accepting any host key).
-        config=Config(ssh_config=paramiko.SSHConfig(), overrides={"run": {"in_stream": False}}),
+        config=Config(ssh_config=paramiko.SSHConfig(),
+                      overrides={"run": {"in_stream": False}, "runners": {"remote": EventRemote}}),
     )
     client = connection.client
     for path in verify.files:
