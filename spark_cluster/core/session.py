@@ -55,14 +55,15 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
     """
     removed = " ".join(f'"$d/{name}"' for name in (pid_file, *also_remove))
     recorded = session_of(f'"$d/{pid_file}"')
+    term_all = "pkill -TERM -s \"$sid\""
+    # The leader is the process whose pid is the session id (Linux reuses neither while the session lives).
+    term = f"{term_all} 2>/dev/null; " if whole else (
+        "if [ \"$(ps -o sid= -p \"$sid\" 2>/dev/null | tr -d ' ')\" = \"$sid\" ]; then kill -TERM \"$sid\"; "
+        f"else {term_all}; fi 2>/dev/null; ")
     return (
         f"d={directory}; [ -f \"$d/{pid_file}\" ] || exit 0; {recorded}; "
         # A record of another boot or of a process that is no longer ours: nothing to stop.
-        f"if [ -z \"$sid\" ]; then rm -f {removed}; exit 0; fi; "
-        # The leader is the process whose pid is the session id (Linux reuses neither while the session lives).
-        + ("pkill -TERM -s \"$sid\" 2>/dev/null; " if whole else
-           "if [ \"$(ps -o sid= -p \"$sid\" 2>/dev/null | tr -d ' ')\" = \"$sid\" ]; then kill -TERM \"$sid\"; "
-           "else pkill -TERM -s \"$sid\"; fi 2>/dev/null; ") +
+        f"if [ -z \"$sid\" ]; then rm -f {removed}; exit 0; fi; {term}"
         # A stopped process (a rank frozen by SIGSTOP) holds its TERM until continued.
         "pkill -CONT -s \"$sid\" 2>/dev/null; "
         + _until_gone(grace_s) +
