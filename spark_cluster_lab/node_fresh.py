@@ -17,7 +17,6 @@ from spark_cluster.core.errors import LabError
 from spark_cluster_lab import netns
 from spark_cluster_lab.layout import NodePaths
 from spark_cluster_lab.login_user import sudoers_rule
-from spark_cluster_lab.node_setup import sshd_config
 from spark_cluster_lab.wrappers import write_wrapper
 
 FRESH_MTU = 1500  # what a Spark's ports come up with: NVIDIA's playbook leaves them there
@@ -32,10 +31,10 @@ def require_netplan() -> None:
 
 
 def fresh_sshd_config(paths: NodePaths, lab_root: Path) -> str:
-    """The lab's sshd configuration with the user's own authorized_keys and password logins;
-    root keeps the lab's key (a Match block must come last)."""
+    """The node's sshd configuration (node_setup's) with the user's own authorized_keys and
+    password logins; root keeps the lab's key (a Match block must come last)."""
     lines = []
-    for line in sshd_config(paths, lab_root).splitlines():
+    for line in (paths.ssh / "sshd_config").read_text().splitlines():
         if line.startswith("AuthorizedKeysFile"):
             line = "AuthorizedKeysFile .ssh/authorized_keys"
         elif line.startswith("PasswordAuthentication"):

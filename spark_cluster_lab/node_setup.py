@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def keygen(path: Path, comment: str) -> None:
     )
 
 
-def sshd_config(paths: NodePaths, lab_root: Path) -> str:
+def sshd_config(paths: NodePaths, lab_root: Path, index: int = 0) -> str:
     return "\n".join(
         [
             "Port 22",
@@ -59,6 +60,11 @@ def sshd_config(paths: NodePaths, lab_root: Path) -> str:
             "MaxSessions 64",
             "MaxStartups 64:30:128",
             "Subsystem sftp internal-sftp",
+            # The real engine's CPU build pins each rank to the cores it finds, less one: here
+            # every node finds this machine's, so every node's rank took core 0 and the ranks of
+            # one model waited on each other there. Separate Sparks each have their own: each
+            # node's rank gets a core of its own (node by node, round the machine's cores).
+            f"SetEnv VLLM_CPU_OMP_THREADS_BIND={index % (os.cpu_count() or 1)}",
             "",
         ]
     )
@@ -255,7 +261,7 @@ def prepare_node(name: str, index: int, lab_root: Path, ids: LoginIds | None = N
     write_etc(state, paths)
     write_wrappers(paths, sys.executable)
     keygen(paths.ssh / "ssh_host_ed25519_key", f"root@{name}")
-    (paths.ssh / "sshd_config").write_text(sshd_config(paths, lab_root))
+    (paths.ssh / "sshd_config").write_text(sshd_config(paths, lab_root, index))
     _prepare_boot(paths, reboot_s)
     if docker_root is not None:
         dockerd.write_service(paths.root, name, docker_root)

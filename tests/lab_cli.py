@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 REBOOT_S = 20.0  # how long a lab node stays down when it reboots (a Spark: a minute or more)
+# The emulator's pace in the tests' lab inventories: its 8 shards in about a second, a second of
+# compile (every emulator start pays it, restarts too). The lab's own (sim.yaml: 0.5 MB/s, 3 s) is
+# for a person to watch the load by; a test that watches it, or strikes during it, sets its pace.
+TEST_PACE = {"SPARK_LAB_LOAD_MBPS": "2", "SPARK_LAB_COMPILE_S": "1"}
+WATCHED_PACE = {"SPARK_LAB_LOAD_MBPS": "0.5", "SPARK_LAB_COMPILE_S": "3"}
 
 LAB_MARKS = [
     pytest.mark.lab,
@@ -27,6 +33,17 @@ def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> 
     """`spark-cluster ARGS` in a process of its own, no terminal, nothing on stdin."""
     return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+
+def with_env(text: str, **knobs: str) -> str:
+    """An inventory's text with these keys of its one-line `cluster.env` set: replaced where
+    present, added at its end where not."""
+    match = re.search(r"^  env: \{(.*)\}$", text, re.MULTILINE)
+    assert match, "the inventory has no one-line cluster.env"
+    items = dict(item.split(": ", 1) for item in match.group(1).split(", ") if item)
+    items.update({key: f"'{value}'" for key, value in knobs.items()})
+    line = "  env: {" + ", ".join(f"{key}: {value}" for key, value in items.items()) + "}"
+    return text[:match.start()] + line + text[match.end():]
 
 
 def on_node(inventory: Path, node: str, command: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from lab_cli import REBOOT_S, cli
+from lab_cli import REBOOT_S, TEST_PACE, cli, with_env
 
 COUNTS: Counter[str] = Counter()  # lab ups, restores, downs and syncs run, for the durations file
 MODEL = "/home/nvidia/.cache/huggingface/hub/models--spark-lab--tiny-moe"
@@ -114,6 +114,8 @@ class Pool:
                 continue
             path = self.base / f"{len(names)}-{kind}.yaml"
             write_inventory(path, lab.root, names, kind)
+            if kind == "emulator":
+                path.write_text(with_env(path.read_text(), **TEST_PACE))
             self.inventories[kind] = path
 
     def restored(self, kind: str) -> Path:
@@ -212,6 +214,7 @@ class Pool:
             return lab, left, None
         inventory = self.base / f"{count}-emulator.yaml"
         write_inventory(inventory, lab.root, [node.name for node in lab.nodes], "emulator", lab.topology)
+        inventory.write_text(with_env(inventory.read_text(), **TEST_PACE))
         self.inventories = {}
         return lab, left, inventory
 

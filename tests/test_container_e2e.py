@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, Supervise, cli, on_node
+from lab_cli import LAB_MARKS, Supervise, cli, on_node, with_env
 
 from spark_cluster_lab import engine as engines
 from spark_cluster_lab import image_store
@@ -99,12 +99,8 @@ def _secrets_shown(inventory: Path, node: str) -> list[str]:
 
 def test_the_emulator_with_ray_in_the_container_is_secret_free_supervised_and_removed(lab: Path, tmp_path: Path) -> None:
     path = boxed(lab, tmp_path)
-    text = path.read_text()
-    env_line = "  env: {SPARK_LAB_LOAD_MBPS: '0.5', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}\n"
-    assert env_line in text
-    path.write_text(text.replace(env_line, env_line.replace("'0.5'", "'50'").replace(
-        "}", f", HF_TOKEN: '{TOKEN_HEAD + TOKEN_TAIL}'}}")).replace(
-        "  open_without_key: true\n", "  api_key_env: SPARK_LAB_API_KEY\n"))
+    text = with_env(path.read_text(), SPARK_LAB_LOAD_MBPS="50", HF_TOKEN=TOKEN_HEAD + TOKEN_TAIL)
+    path.write_text(text.replace("  open_without_key: true\n", "  api_key_env: SPARK_LAB_API_KEY\n"))
     key = {"SPARK_LAB_API_KEY": KEY_HEAD + KEY_TAIL}
     sup = Supervise(path, "--interval", "2", env=key)
     try:

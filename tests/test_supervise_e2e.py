@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, Supervise, cli
+from lab_cli import LAB_MARKS, REPO, Supervise, cli, with_env
 
 pytestmark = [*LAB_MARKS, pytest.mark.skipif(shutil.which("promtool") is None, reason="needs Debian's prometheus")]
 PORT = 9464
@@ -140,9 +140,7 @@ def test_supervise_keeps_the_cluster_serving(lab, tmp_path: Path) -> None:
 def test_a_restart_loop_stops_at_the_cap_with_its_cause(lab, tmp_path: Path) -> None:
     assert cli("down", str(lab)).returncode == 0
     broken = tmp_path / "crash.yaml"
-    line = "SPARK_LAB_COMPILE_S: '3'}"
-    assert line in lab.read_text()
-    broken.write_text(lab.read_text().replace(line, "SPARK_LAB_COMPILE_S: '3', SPARK_LAB_FAULT: 'crash-at:0'}"))
+    broken.write_text(with_env(lab.read_text(), SPARK_LAB_FAULT="crash-at:0"))
     sup = Supervise(broken, "--interval", "1", "--max-restarts", "2", "--window", "600")
     try:
         assert sup.proc.wait(timeout=400) == 3

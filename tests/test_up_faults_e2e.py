@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REBOOT_S, REPO, cli, on_node
+from lab_cli import LAB_MARKS, REBOOT_S, REPO, TEST_PACE, cli, on_node, with_env
 
 pytestmark = LAB_MARKS
 
@@ -34,17 +33,12 @@ def lab(sim_inventory: Path) -> Path:
     return sim_inventory
 
 
-LAB_SPEED = {"SPARK_LAB_LOAD_MBPS": "0.5", "SPARK_LAB_COMPILE_S": "3"}
-
-
-def slowed(lab: Path, tmp_path: Path, compile_s: int = 3, sync: bool = False, executor: str = "ray") -> Path:
+def slowed(lab: Path, tmp_path: Path, compile_s: int = 1, sync: bool = False, executor: str = "ray") -> Path:
     slow = tmp_path / "slow.yaml"  # 0.15 MB/s: a load of about 15 s, time to inject mid-load
     text = lab.read_text()
     assert "  executor: ray\n" in text
     text = text.replace("  executor: ray\n", f"  executor: {executor}\n")
-    assert "SPARK_LAB_LOAD_MBPS: '0.5'" in text and "SPARK_LAB_COMPILE_S: '3'" in text
-    text = text.replace("SPARK_LAB_LOAD_MBPS: '0.5'", "SPARK_LAB_LOAD_MBPS: '0.15'")
-    text = text.replace("SPARK_LAB_COMPILE_S: '3'", f"SPARK_LAB_COMPILE_S: '{compile_s}'")
+    text = with_env(text, SPARK_LAB_LOAD_MBPS="0.15", SPARK_LAB_COMPILE_S=str(compile_s))
     if sync:
         line = "  hf_cache: /home/nvidia/.cache/huggingface\n"
         assert line in text
@@ -167,11 +161,8 @@ def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
     downed_and_healed(used, *heal)
     # The same inventory, its emulated load back at the lab's speed: the slow load was there
     # to strike in; nothing runs now, so there is no earlier launch to compare it with.
-    text = used.read_text()
-    for knob in ("SPARK_LAB_LOAD_MBPS", "SPARK_LAB_COMPILE_S"):
-        text = re.sub(rf"{knob}: '[\d.]+'", f"{knob}: '{LAB_SPEED[knob]}'", text)
     again_at = used.with_name(f"{used.stem}-again.yaml")
-    again_at.write_text(text)
+    again_at.write_text(with_env(used.read_text(), **TEST_PACE))
     again = cli("up", str(again_at), "--json", timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.splitlines()[-1])["event"] == "ready"

@@ -16,23 +16,25 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, REPO, cli
+from lab_cli import LAB_MARKS, REPO, TEST_PACE, WATCHED_PACE, cli, with_env
 
 pytestmark = LAB_MARKS
 
 
 def with_fault(inventory: Path, tmp_path: Path, fault: str) -> Path:
     broken = tmp_path / f"{fault.replace(':', '-')}.yaml"
-    text = inventory.read_text()
-    line = "  env: {SPARK_LAB_LOAD_MBPS: '0.5', SPARK_LAB_WEIGHTS_GIB: '57.64', SPARK_LAB_COMPILE_S: '3'}\n"
-    assert line in text
-    broken.write_text(text.replace(line, line.replace("}", f", SPARK_LAB_FAULT: '{fault}'}}")))
+    # A fault's start is another launch (--restart): the load need not be watched, only struck.
+    broken.write_text(with_env(inventory.read_text(), SPARK_LAB_FAULT=fault, **TEST_PACE))
     return broken
 
 
 @pytest.fixture(scope="module")
-def lab(sim_inventory: Path) -> Path:
-    return sim_inventory
+def lab(sim_inventory: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lab's inventory at the pace a person watches the load at: these tests read its shards,
+    ETA and memory as it grows, and every start after the first reuses or compares with it."""
+    watched = tmp_path_factory.mktemp("vllm") / "watched.yaml"
+    watched.write_text(with_env(sim_inventory.read_text(), **WATCHED_PACE))
+    return watched
 
 
 def logged_weights(lab: Path) -> dict[str, float]:
@@ -237,7 +239,7 @@ def test_a_hang_is_said_after_the_stall_timeout_and_left_running(lab, tmp_path: 
 
 def test_ctrl_c_leaves_vllm_starting_and_up_follows_it_again(lab, tmp_path: Path) -> None:
     slow = tmp_path / "slow.yaml"  # 0.15 MB/s: a 15 s load, so the second `up` finds it still starting
-    slow.write_text(lab.read_text().replace("SPARK_LAB_LOAD_MBPS: '0.5'", "SPARK_LAB_LOAD_MBPS: '0.15'"))
+    slow.write_text(with_env(lab.read_text(), SPARK_LAB_LOAD_MBPS="0.15", SPARK_LAB_COMPILE_S="1"))
     proc = subprocess.Popen([sys.executable, "-m", "spark_cluster", "up", str(slow), "--restart"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -269,7 +271,7 @@ def test_container_runtime_with_an_api_key_from_the_environment(lab, tmp_path: P
     key = KEY_HEAD + KEY_TAIL
     assert cli("down", str(lab)).returncode == 0
     boxed = tmp_path / "boxed.yaml"
-    boxed.write_text(lab.read_text().replace(
+    boxed.write_text(with_env(lab.read_text(), **TEST_PACE).replace(
         "  runtime: host\n", "  runtime: container\n  image: nvcr.io/nvidia/vllm:26.05-py3\n").replace(
         "  hf_cache: /home/nvidia/.cache/huggingface\n", "  hf_cache: /home/nvidia/.cache/huggingface\n  api_key_env: SPARK_LAB_API_KEY\n"))
     unset = cli("up", str(boxed))

@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, on_node
+from lab_cli import LAB_MARKS, cli, on_node, with_env
 
 pytestmark = LAB_MARKS
 
@@ -87,8 +87,8 @@ def test_mp_down_leaves_nothing(lab, tmp_path: Path) -> None:
 
 
 def test_a_crash_on_the_worker_is_named_there(lab, tmp_path: Path) -> None:
-    broken = variant(lab, tmp_path, "crash", MP,
-                     ("SPARK_LAB_COMPILE_S: '3'}", "SPARK_LAB_COMPILE_S: '3', SPARK_LAB_FAULT: 'crash-at:50'}"))
+    broken = variant(lab, tmp_path, "crash", MP)
+    broken.write_text(with_env(broken.read_text(), SPARK_LAB_FAULT="crash-at:50"))
     done = cli("up", str(broken))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "vLLM failed during weights on spark-b" in done.stderr
