@@ -159,7 +159,7 @@ def downed_and_healed(used: Path, *heal: str) -> None:
 def healed_up_serves(lab: Path, used: Path, *heal: str) -> None:
     """downed_and_healed, then a fresh `up` reaches ready, and `down` again."""
     downed_and_healed(used, *heal)
-    # The same inventory, its emulated load back at the lab's speed: the slow load was there
+    # The same inventory, its emulated load back at the tests' pace: the slow load was there
     # to strike in; nothing runs now, so there is no earlier launch to compare it with.
     again_at = used.with_name(f"{used.stem}-again.yaml")
     again_at.write_text(with_env(used.read_text(), **TEST_PACE))
