@@ -50,6 +50,15 @@ def _images_back(lab) -> None:  # noqa: ANN001 - a spark_cluster_lab.lab.Lab
     simlab.node_images(lab)
 
 
+def _for_tests(lab, kind: str) -> str:  # noqa: ANN001 - a spark_cluster_lab.lab.Lab
+    """The lab's inventory of `kind` of engine (what `lab up --inventory-out` writes), the
+    emulator's at the tests' pace."""
+    from spark_cluster_lab.lab_inventory import render_inventory
+
+    text = render_inventory(lab.root, [node.name for node in lab.nodes], kind, lab.topology)
+    return with_env(text, **TEST_PACE) if kind == "emulator" else text
+
+
 def lab_order(item: pytest.Item) -> tuple[int, bool]:
     """Where a lab test runs: by its lab's size, a fresh lab's after the set-up one of its size."""
     return nodes_wanted(item), item.get_closest_marker("lab_fresh") is not None
@@ -105,7 +114,6 @@ class Pool:
 
     def _write_inventories(self, lab) -> None:  # noqa: ANN001
         from spark_cluster_lab import engine
-        from spark_cluster_lab.lab_inventory import write_inventory
 
         names = [node.name for node in lab.nodes]
         self.inventories = {}
@@ -113,9 +121,7 @@ class Pool:
             if kind == "real" and engine.real_missing() is not None:
                 continue
             path = self.base / f"{len(names)}-{kind}.yaml"
-            write_inventory(path, lab.root, names, kind)
-            if kind == "emulator":
-                path.write_text(with_env(path.read_text(), **TEST_PACE))
+            path.write_text(_for_tests(lab, kind))
             self.inventories[kind] = path
 
     def restored(self, kind: str) -> Path:
@@ -197,7 +203,6 @@ class Pool:
         the one up: returns it, what bringing the last one down left behind (nothing, or a defect
         of `lab down`), and its emulator inventory (none for a `fresh` lab: `init` writes it)."""
         from spark_cluster_lab import lab as simlab
-        from spark_cluster_lab.lab_inventory import write_inventory
 
         current = simlab.load_lab()
         if current is not None and not self.created:
@@ -213,8 +218,7 @@ class Pool:
         if fresh:
             return lab, left, None
         inventory = self.base / f"{count}-emulator.yaml"
-        write_inventory(inventory, lab.root, [node.name for node in lab.nodes], "emulator", lab.topology)
-        inventory.write_text(with_env(inventory.read_text(), **TEST_PACE))
+        inventory.write_text(_for_tests(lab, "emulator"))
         self.inventories = {}
         return lab, left, inventory
 

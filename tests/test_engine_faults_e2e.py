@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, on_node
+from lab_cli import LAB_MARKS, cli, on_node, with_env
 
 from spark_cluster_lab import engine as engines
 from spark_cluster_lab.layout import LAB_ROOT
@@ -77,8 +76,9 @@ def edited(inventory: Path, out: Path, *edits: tuple[str, str]) -> Path:
 @contextlib.contextmanager
 def emulator_fault(fault: str, inventory: Path, scratch: Path) -> Iterator[Path]:
     """The emulator's own fault, given as every node's SPARK_LAB_FAULT."""
-    env = re.search(r"(?m)^  env: \{.*\}\n", inventory.read_text()).group(0)
-    yield edited(inventory, scratch / f"{fault}.yaml", (env, env.replace("}", f", SPARK_LAB_FAULT: '{fault}'}}")))
+    faulty = scratch / f"{fault}.yaml"
+    faulty.write_text(with_env(inventory.read_text(), SPARK_LAB_FAULT=fault))
+    yield faulty
 
 
 @contextlib.contextmanager

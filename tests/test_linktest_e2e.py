@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lab_cli import LAB_MARKS, cli, on_node
+from lab_cli import LAB_MARKS, cli, on_node, with_env
 
 from spark_cluster_lab import engine
 
@@ -107,7 +106,7 @@ def test_no_secret_on_any_command_line_while_linktest_runs(lab: Path, tmp_path: 
     all-gather, so a `-e HF_TOKEN=value` there is what `ps` would show (the host runtime's
     `env NAME=value python3` replaces itself at once). Sampled while it ran, it holds none."""
     token = TOKEN_HEAD + TOKEN_TAIL
-    text = re.sub(r"(?m)^  env: \{", f"  env: {{HF_TOKEN: '{token}', ", lab.read_text(), count=1)
+    text = with_env(lab.read_text(), HF_TOKEN=token)
     assert token in text, "the lab inventory has no flow-mapping cluster.env to add a token to"
     assert "  runtime: host\n" in text
     inventory = tmp_path / "token.yaml"
