@@ -1,6 +1,6 @@
 """check on a ring of three, against recorded gatherer answers: each node pings its two
 neighbours over the rail cabled to each (not every node on every rail), and a cable out names
-the pair it cuts."""
+the pair it cuts. On a switch each node pings the next one over each rail."""
 
 from __future__ import annotations
 
@@ -89,3 +89,21 @@ def test_a_ring_cable_out_is_named_on_both_its_ends_and_nowhere_else() -> None:
     assert messages["spark-b"].startswith("enp1s0f1np1 has no carrier on spark-b")
     assert messages["spark-c"].startswith("enp1s0f0np0 has no carrier on spark-c")
     assert all("port whose rails name that neighbour" in f.fix.note for f in findings if f.id == "link.down")
+
+
+def test_each_node_of_a_switch_pings_the_next_over_each_rail_not_every_node() -> None:
+    text = SIM.read_text()
+    head, _, rest = text.partition("nodes:\n")
+    nodes = []
+    for i in range(5):
+        nodes += [f"  - name: s{i}", f"    address: 10.117.0.{11 + i}", "    user: nvidia", "    port: 22",
+                  f"    role: {'head' if i == 0 else 'worker'}", "    link:", "      mtu: 9000", "      rails:",
+                  f"        - {{interface: enp1s0f1np1, hca: rocep1s0f1, address: 192.168.100.{10 + i}/24}}",
+                  f"        - {{interface: enP2p1s0f1np1, hca: roceP2p1s0f1, address: 192.168.101.{10 + i}/24}}"]
+    switch = parse_inventory(head.replace("cluster:\n", "cluster:\n  topology: switch\n", 1) + "nodes:\n"
+                             + "\n".join(nodes) + "\n" + rest[rest.index("model:"):], SIM)
+    pings = {spec.name: sorted(p.name for p in probes_for(switch, spec) if p.name.startswith("ping:"))
+             for spec in switch.nodes}
+    assert pings["s0"] == ["ping:enP2p1s0f1np1:s1", "ping:enp1s0f1np1:s1"]
+    assert pings["s4"] == ["ping:enP2p1s0f1np1:s0", "ping:enp1s0f1np1:s0"]  # the last to the first
+    assert sum(map(len, pings.values())) == 5 * 2  # not 5 * 4 * 2

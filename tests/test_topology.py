@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_cluster.cli import main
-from spark_cluster.core.inventory import Hop, InventoryError, directed, hops, parse_inventory, unproven
+from spark_cluster.core.inventory import Hop, InventoryError, directed, hops, parse_inventory, pinged, unproven
 
 HEAD = "cluster:\n  name: t\n  runtime: host\n{extra}nodes:\n"
 
@@ -77,6 +77,23 @@ def test_a_switch_carries_every_pair_on_every_rail_both_ways() -> None:
         ("s0", "s1"), ("s0", "s2"), ("s0", "s3"), ("s1", "s2"), ("s1", "s3"), ("s2", "s3")]
     assert all(h.a_rail == h.b_rail for h in pairs)
     assert len(directed(inv)) == 24 and Hop("s3", 0, "s1", 0) in directed(inv)
+
+
+@settings(max_examples=20, deadline=None)
+@given(count=st.integers(2, 16), rails=st.integers(1, 4))
+def test_check_pings_every_port_of_a_switch_once_each_way_and_every_hop_of_a_pair_or_ring(count: int,
+                                                                                          rails: int) -> None:
+    nodes = {f"s{i}": [(f"192.168.{100 + r}.{i + 1}/24", "") for r in range(rails)] for i in range(count)}
+    inv = parse_inventory(_text(nodes, "switch"), "inv.yaml")
+    walk = pinged(inv)
+    assert set(walk) <= set(directed(inv)) and len(walk) == len(set(walk))
+    for r in range(rails):  # every port sends one and answers one on each rail
+        on_rail = [h for h in walk if h.a_rail == r == h.b_rail]
+        assert sorted(h.a for h in on_rail) == sorted(h.b for h in on_rail) == sorted(nodes)
+    assert len(walk) == (2 if count == 2 else count) * rails  # not count * (count - 1)
+    assert (walk == directed(inv)) is (count == 2)
+    assert pinged(parse_inventory(_text(_ring(), "ring"), "inv.yaml")) == directed(
+        parse_inventory(_text(_ring(), "ring"), "inv.yaml"))
 
 
 def test_a_ring_carries_each_cable_between_neighbours_twin_by_twin() -> None:

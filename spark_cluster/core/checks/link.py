@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 
 from spark_cluster.core.facts import MISSING, Host
 from spark_cluster.core.facts.network import IBDEV2NETDEV, INTERFACES, PING, ping_key
-from spark_cluster.core.inventory import CABLE_PORTS, Inventory, directed
+from spark_cluster.core.inventory import CABLE_PORTS, Inventory, directed, pinged
 from spark_cluster.core.checks.base import Finding, blocker, fix, manual, warning
 from spark_cluster.core.checks.rdma_ports import ports_with_link
 
@@ -113,7 +113,7 @@ def _pings(inventory: Inventory, hosts: Mapping[str, Host],
         f = hosts.get(spec.name)
         if f is None:
             continue
-        for hop in (h for h in directed(inventory) if h.a == spec.name):
+        for hop in (h for h in pinged(inventory) if h.a == spec.name):
             rail, peer = spec.link.rails[hop.a_rail], inventory.node(hop.b)
             probe = f.probe(PING, ping_key(rail.interface, peer.name))
             if probe is MISSING or probe.ok:

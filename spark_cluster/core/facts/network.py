@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from spark_cluster.core.facts.base import Derived, Fact, Target, answered, integer, text
-from spark_cluster.core.inventory import directed
+from spark_cluster.core.inventory import pinged
 from spark_cluster.core.parsers import rdma
 from spark_cluster.core.shell import join
 
@@ -100,8 +100,9 @@ def _ping_commands(target: Target) -> dict[str, str]:
     node = target.node
     size = node.link.mtu - 28  # the largest ICMP payload an MTU carries unfragmented
     commands = {}
-    # The rails the topology carries traffic on: on a ring a rail reaches one neighbour only.
-    for hop in (h for h in directed(target.inventory) if h.a == node.name):
+    # The rails the topology carries traffic on (on a ring a rail reaches one neighbour only);
+    # on a switch the next node only (topology.pinged).
+    for hop in (h for h in pinged(target.inventory) if h.a == node.name):
         rail, peer = node.link.rails[hop.a_rail], target.inventory.node(hop.b)
         # Two tries: one late reply on a busy node is not a broken link. -w: a peer that
         # drops the frame makes ping retry on ENOBUFS for over 6 s, past the probe's timeout.

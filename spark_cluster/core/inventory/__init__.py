@@ -20,7 +20,7 @@ from spark_cluster.core.inventory.models import (
     cluster_names, inventory_of, one_model, placed_on, placement_words, places_models,
 )
 from spark_cluster.core.inventory.rules import LISTEN_CHOICES, RAY_AUTH_CHOICES
-from spark_cluster.core.inventory.topology import CABLE_PORTS, TOPOLOGIES, Hop, directed, hops, unproven
+from spark_cluster.core.inventory.topology import CABLE_PORTS, TOPOLOGIES, Hop, directed, hops, pinged, unproven
 
 __all__ = [
     "CABLE_PORTS",
@@ -48,6 +48,7 @@ __all__ = [
     "load_inventory",
     "one_model",
     "parse_inventory",
+    "pinged",
     "placed_on",
     "placement_words",
     "places_models",
