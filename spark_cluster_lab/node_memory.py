@@ -29,7 +29,7 @@ from typing import Any
 from spark_cluster_lab import layout
 from spark_cluster_lab.consumers import add_consumer, forget_consumer, prune_gone_consumers
 from spark_cluster_lab.layout import NodePaths
-from spark_cluster_lab.state import load_state, locked_state
+from spark_cluster_lab.state import GENERATION, load_state, locked_state
 
 # Names nvidia-smi shows for vLLM's GPU processes: a Ray actor's process title, and the engine
 # process vLLM titles itself (setproctitle "VLLM::EngineCore") when it runs the model in-process.
@@ -39,7 +39,8 @@ MIN_INTERVAL_S = 0.25  # the state lock is a flock shared with every stand-in: a
 
 
 STANDINS = Path("/usr/local/sbin")  # where a lab node binds its own stand-ins (layout.py)
-_WRAPPED_ROOT = re.compile(r"main\('nvidia-smi', '([^']+)'\)")
+# The wrapper reads its node's state generation first (wrappers._KEPT_WRAPPER): `< ROOT/state.gen`.
+_WRAPPED_ROOT = re.compile(r"< '?([^\s']+)/" + re.escape(GENERATION) + r"'?\s")
 
 
 def lab_node(hostname: str | None = None, lab_root: Path | str | None = None) -> NodePaths | None:

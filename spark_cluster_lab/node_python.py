@@ -51,8 +51,23 @@ def write_python(lab_root: Path) -> None:
         (site / relative).parent.mkdir(parents=True, exist_ok=True)
         (site / relative).write_text(text)
     python = lab_root / "python"
+    python.write_text(shim_script(site))
+    python.chmod(0o755)
+
+
+def shim_script(site: Path) -> str:
+    """The shim: the lab's interpreter with the lab's code first on its path, then the site dirs
+    `site` would add, then the real engine's (as its sitecustomize does, for a process started
+    otherwise). Without `site` (-S): its .pth files (the editable install's finder, and what the
+    machine itself adds) cost ~40 ms of each start, and every `check` starts it on every node,
+    where a Spark's venv Python starts in ~10 ms. A Python it starts (Ray's daemons, the
+    engine's ranks) runs with `site` and the same path."""
+    import site as site_module
+
     # The nodes run the lab code that made them (a checkout's, not an installed copy's).
     code = f"{site}:{Path(__file__).resolve().parents[1]}"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}} "
-                      f"exec {shlex.quote(sys.executable)} \"$@\"\n")
-    python.chmod(0o755)
+    dirs = ":".join(site_module.getsitepackages())
+    real = REAL_ENV_GLOB % sys.version_info[:2]
+    return (f"#!/bin/sh\np={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}}:{shlex.quote(dirs)}\n"
+            f"for r in {real}; do [ -d \"$r\" ] && p=\"$p:$r\"; done\n"
+            f"PYTHONPATH=\"$p\" exec {shlex.quote(sys.executable)} -S \"$@\"\n")

@@ -50,6 +50,7 @@ KEPT: dict[str, tuple[str, ...] | None] = {
     "uname": None, "lsmod": None, "modinfo": None, "dpkg-query": None, "apt-mark": ("showhold",),
     "journalctl": None, "ibdev2netdev": None, "rdma": None,
     "date": None,  # its answer kept is "the real date answers" (clock.date), for a clock not skewed
+    "nvidia-smi": None,  # the views without a clock, while no process holds the GPU (nvidia.nvidia_smi)
 }
 
 

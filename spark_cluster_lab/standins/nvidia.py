@@ -245,6 +245,13 @@ def nvidia_smi(ctx: Ctx, argv: list[str]) -> int:
             "Usage: nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...")
         return 0
     forget_ended(ctx)
+    # Kept (memo.py) only where the answer is the state's and the arguments' alone: no process
+    # holds the GPU (its pid is looked up live), no stuck driver waited on (the answer would be
+    # of the state after it), no clock (the table, -q, a timestamp field).
+    fields = {ALIASES.get(f.strip(), f.strip()) for f in opts.get("query-gpu", "").split(",")}
+    ctx.keep = (not ctx.state["memory"]["consumers"] and not ctx.state["driver"].get("hung")
+                and ("help" in opts or "list" in opts or "query-compute-apps" in opts
+                     or ("query-gpu" in opts and "timestamp" not in fields)))
     _hang_while_stuck(ctx)
     state = ctx.state
     failed = driver_error(state)
