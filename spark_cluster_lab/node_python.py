@@ -5,6 +5,7 @@ whose environment "has vLLM installed" (the emulator); the container image holds
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -56,18 +57,37 @@ def write_python(lab_root: Path) -> None:
 
 
 def shim_script(site: Path) -> str:
-    """The shim: the lab's interpreter with the lab's code first on its path, then the site dirs
-    `site` would add, then the real engine's (as its sitecustomize does, for a process started
-    otherwise). Without `site` (-S): its .pth files (the editable install's finder, and what the
-    machine itself adds) cost ~40 ms of each start, and every `check` starts it on every node,
-    where a Spark's venv Python starts in ~10 ms. A Python it starts (Ray's daemons, the
-    engine's ranks) runs with `site` and the same path."""
-    import site as site_module
-
+    """The shim: the lab's interpreter with the lab's code first on its path, then what `site`
+    would add (site_dirs), then the real engine's site-packages (as its sitecustomize does, for
+    a process started otherwise). Without `site` (-S): the import lines of its .pth files (the
+    editable install's finder, and what this machine adds) cost ~40 ms of each start, and every
+    `check` starts it on every node, where a Spark's venv Python starts in ~10 ms. A Python it
+    starts (Ray's daemons, the engine's ranks) runs with `site` and the same path; so does
+    `sys.executable`, the venv's interpreter, though `sys.prefix` is its base's (site sets it)."""
     # The nodes run the lab code that made them (a checkout's, not an installed copy's).
     code = f"{site}:{Path(__file__).resolve().parents[1]}"
-    dirs = ":".join(site_module.getsitepackages())
     real = REAL_ENV_GLOB % sys.version_info[:2]
-    return (f"#!/bin/sh\np={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}}:{shlex.quote(dirs)}\n"
+    return (f"#!/bin/sh\np={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}}:{shlex.quote(':'.join(site_dirs()))}\n"
             f"for r in {real}; do [ -d \"$r\" ] && p=\"$p:$r\"; done\n"
             f"PYTHONPATH=\"$p\" exec {shlex.quote(sys.executable)} -S \"$@\"\n")
+
+
+def site_dirs() -> list[str]:
+    """The directories `site` adds for this interpreter, in its order: each site-packages, then
+    the directories its .pth files name (their `import` lines are what -S leaves out)."""
+    import site as site_module
+
+    found: list[str] = []
+    for folder in site_module.getsitepackages():
+        if not os.path.isdir(folder):
+            continue
+        if folder not in found:  # a .pth of an earlier one may have named it
+            found.append(folder)
+        for pth in sorted(Path(folder).glob("*.pth")):
+            for line in pth.read_text(errors="replace").splitlines():
+                if not line.strip() or line.startswith(("#", "import ", "import\t")):
+                    continue
+                where = os.path.abspath(os.path.join(folder, line.rstrip()))
+                if os.path.isdir(where) and where not in found:
+                    found.append(where)
+    return found

@@ -32,16 +32,24 @@ KEY_FILES: dict[str, tuple[str, ...]] = {
 # A tool of standins.KEPT prints the answer it kept for these arguments under the node's state
 # generation, or execs the real tool kept as the answer, from bash (a few ms, as a Spark's C
 # tool); otherwise it runs the stand-in, which keeps it (standins/memo.py). The directory of a
-# user's answers must be that user's own (-O).
+# user's answers must be that user's own (-O). The key is the arguments themselves, quoted
+# (%q: one word each, a comma between) with % and / escaped as in a URL, so that a kept
+# answer is found and printed by bash's builtins alone; only a key too long for a file name
+# is hashed (md5sum). A dozen such calls on each node at every `check`: each process they
+# started (the hash, the pipe's subshell, cat) was more of a call's cost than bash itself.
 _KEPT_WRAPPER = """#!/bin/bash
 if read -r g 2>/dev/null < {gen} && [ -d {memo} ]; then
   m={memo}/$EUID
   x=
   for p in {reads}; do v=; read -r v 2>/dev/null < "$p"; x+="$v,"; done
-  k=$(printf '%s\\0' "$x" "$@" | md5sum)
-  f=$m/$g/{tool}.${{k%% *}}
-  if [ -O "$m" ] && [ -e "$f.rc" ] && read -r rc < "$f.rc"; then
-    cat "$f.out" && {{ [ ! -s "$f.err" ] || cat "$f.err" >&2; }} && exit "$rc"
+  printf -v k '%q,' "$x" "$@"
+  k=${{k//%/%25}}; k=${{k//\\//%2F}}
+  if [ ${{#k}} -gt 180 ]; then k=$(printf '%s\\0' "$x" "$@" | md5sum); k=${{k%% *}}; fi
+  f=$m/$g/{tool}.$k
+  if [ -O "$m" ] && [ -e "$f.rc" ] && read -r rc < "$f.rc" && [ -e "$f.out" ]; then
+    o=; IFS= read -r -d '' o < "$f.out"; printf '%s' "$o"
+    if [ -s "$f.err" ]; then e=; IFS= read -r -d '' e < "$f.err"; printf '%s' "$e" >&2; fi
+    exit "$rc"
   elif [ -O "$m" ] && read -r real 2>/dev/null < "$f.exec"; then
     exec "$real" "$@"
   fi

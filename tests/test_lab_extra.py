@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,22 @@ def test_the_lab_commands_run_where_the_extra_is_installed() -> None:
     done = subprocess.run([sys.executable, "-m", "spark_cluster", "lab", "faults"], capture_output=True, text=True,
                           timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 0 and "engine-hang" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_nodes_python_path_is_what_site_adds_less_the_pth_import_lines(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import site
+
+    from spark_cluster_lab.node_python import shim_script, site_dirs
+
+    first, second, named, gone = (tmp_path / n for n in ("site1", "site2", "named", "gone"))
+    for folder in (first, second, named):
+        folder.mkdir()
+    (first / "b.pth").write_text(f"# a comment\nimport os; os.environ['X'] = '1'\n{named}\n{gone}\n")
+    (first / "a.pth").write_text("../site2\n")  # relative to its site dir; read first (sorted)
+    (second / "c.pth").write_text(f"{tmp_path / 'named'}\n{tmp_path}\n")  # read though site2 is on the path
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(first), str(second), str(tmp_path / "absent")])
+    assert site_dirs() == [str(first), str(second), str(named), str(tmp_path)]
+    script = shim_script(tmp_path / "lab-site")
+    assert f":{first}:{second}:{named}:{tmp_path}\n" in script and "import os" not in script
+    assert script.rstrip().endswith(' -S "$@"')

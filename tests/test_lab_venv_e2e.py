@@ -50,8 +50,11 @@ def lab_up(venv: Path, inventory: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, cwd=REPO, stdin=subprocess.DEVNULL)
 
 
-def prefix_on(inventory: Path, node: str) -> str:
-    done = on_node(inventory, node, "/run/spark-lab/python -c 'import sys, spark_cluster_lab; print(sys.prefix)'")
+def python_on(inventory: Path, node: str) -> str:
+    """The interpreter the node's Python is, importing the lab and what the venv's .pth names
+    (fabric: in the checkout's venv only)."""
+    done = on_node(inventory, node, "/run/spark-lab/python -c 'import sys, spark_cluster_lab, fabric; "
+                                    "print(sys.executable)'")
     return done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stdout + done.stderr
 
 
@@ -79,7 +82,7 @@ def test_a_venv_under_var_tmp_runs_on_every_node_and_outlives_a_reboot(venv: Pat
     try:
         done = lab_up(venv, inventory)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert prefix_on(inventory, "spark-a") == prefix_on(inventory, "spark-b") == str(venv)
+        assert python_on(inventory, "spark-a") == python_on(inventory, "spark-b") == str(venv / "bin" / "python")
         booted = boot_id(inventory)
         assert booted
         assert cli("lab", "break", "spark-b", "node-reboot").returncode == 0
@@ -88,7 +91,7 @@ def test_a_venv_under_var_tmp_runs_on_every_node_and_outlives_a_reboot(venv: Pat
             assert time.monotonic() < deadline, "spark-b did not come back from its reboot"
             time.sleep(1)
         assert (venv / "marker").read_text() == "kept\n"  # the reboot emptied the node's /tmp, not this
-        assert prefix_on(inventory, "spark-b") == str(venv)
+        assert python_on(inventory, "spark-b") == str(venv / "bin" / "python")
     finally:
         down = cli("lab", "down")
         assert down.returncode == 0 and leftovers() == [], down.stdout + down.stderr + str(leftovers())

@@ -147,7 +147,7 @@ class Node:
 
     def run(self, command: str, *, stdin: str | None = None, **_: object) -> Result:
         self.calls.append((command, stdin))
-        if "python3 -I -c" in command and "api/v0/nodes" in command:
+        if "python3 -I -S -c" in command and "api/v0/nodes" in command:
             nodes = [{"ip": ip, "state": "ALIVE", "head": ip.endswith(".10"), "gpus": 1, "message": ""}
                      for ip in sorted(self.alive)]
             out = json.dumps({"version": "2.60.0", "nodes": nodes}) if self.alive else \

@@ -75,6 +75,20 @@ def test_tools_that_read_live_things_or_change_the_node_keep_nothing(node: Node,
     assert [p.name.split(".")[0] for p in (node.paths.memo / "0" / generation).glob("*.rc")] == ["apt-mark"]
 
 
+def test_arguments_a_file_name_cannot_hold_keep_answers_of_their_own(node: Node) -> None:
+    """The key is the quoted arguments with % and / escaped (a long one hashed): no two calls
+    share an answer, and each is answered again from what it kept."""
+    calls = [("a/b",), ("a%2Fb",), ("a,b",), ("a", "b"), ("x\ny",), ("$'q' \\",), ("p" * 300,), ("q" * 300,)]
+    first = {call: node.run("dpkg-query", "-W", *call) for call in calls}
+    for call, done in first.items():
+        assert done.returncode == 1 and f"no packages found matching {call[-1]}" in done.stderr
+    assert len(kept(node, "dpkg-query")) == len(calls)
+    for call, done in first.items():
+        again = node.run("dpkg-query", "-W", *call)
+        assert (again.returncode, again.stdout, again.stderr) == (1, done.stdout, done.stderr)
+    assert len(kept(node, "dpkg-query")) == len(calls)
+
+
 def test_nvidia_smi_keeps_an_answer_only_while_no_process_holds_the_gpu(node: Node) -> None:
     query = ("--query-gpu=name,driver_version", "--format=csv,noheader")
     assert node.out("nvidia-smi", *query) == "NVIDIA GB10, 580.142\n" and len(kept(node, "nvidia-smi")) == 1

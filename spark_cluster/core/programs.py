@@ -22,10 +22,11 @@ def source(name: str) -> str:
 
 
 def words(name: str, *args: Word, python: Word = PYTHON, isolated: bool = False) -> list[Word]:
-    """The words that run program `name` with `args`: PYTHON [-I] -c TEXT ARGS. `isolated` (-I)
-    keeps the user's site-packages and .pth files out, for programs that need only the
-    standard library."""
-    return [python, *(["-I"] if isolated else []), "-c", source(name), *args]
+    """The words that run program `name` with `args`: PYTHON [-I -S] -c TEXT ARGS. `isolated`
+    keeps the user's environment (-I) and every site-packages with its .pth files (-S) out, for
+    programs that need only the standard library: a .pth may import anything at every start,
+    and `check` starts some of these on every node."""
+    return [python, *(["-I", "-S"] if isolated else []), "-c", source(name), *args]
 
 
 def command(name: str, *args: Word, python: Word = PYTHON, isolated: bool = False) -> str:

@@ -12,12 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spark_cluster.core import fit as model_fit
-from spark_cluster.core import shell
 from spark_cluster.core.errors import SparkClusterError
 from spark_cluster.core.facts import parse_meminfo
 from spark_cluster.core.facts.runtime import model_repo
 from spark_cluster.core.inventory import Inventory
-from spark_cluster.core.programs import source
+from spark_cluster.core.programs import command
 from spark_cluster.core.serve_plan import ServePlan, parse_argv
 from spark_cluster.core.shell import model_dir
 from spark_cluster.transport.remote import Fleet, Node
@@ -114,7 +113,7 @@ def read_remote(node: Node, inventory: Inventory, repo: str) -> Checkpoint:
     header of each file cross the network."""
     hf_cache = inventory.model.hf_cache if inventory.model else "~/.cache/huggingface"
     where = model_dir(hf_cache, repo)
-    result = node.run(f"python3 -c {shell.word(source('st_headers'))} {where}", timeout=READ_TIMEOUT_S)
+    result = node.run(f"{command('st_headers', isolated=True)} {where}", timeout=READ_TIMEOUT_S)
     if result.exit_code != 0:
         raise CheckpointUnreadable(
             f"{node.name}: cannot read {repo} in its Hugging Face cache: {result.tail('stderr', 2)}\n"

@@ -1,6 +1,6 @@
 """Ray's view of the cluster from the head's dashboard, without importing ray (a second or two).
 
-    python3 -I ray_state.py DASHBOARD_URL [TOKEN_FILE]
+    python3 -I -S ray_state.py DASHBOARD_URL [TOKEN_FILE]
     -> {"version", "nodes": [{"ip", "state", "head", "gpus", "message"}]}
        or {"error", ["refused", "unread"]}
 
