@@ -62,8 +62,8 @@ def shim_script(site: Path) -> str:
     a process started otherwise). Without `site` (-S): the import lines of its .pth files (the
     editable install's finder, and what this machine adds) cost ~40 ms of each start, and every
     `check` starts it on every node, where a Spark's venv Python starts in ~10 ms. A Python it
-    starts (Ray's daemons, the engine's ranks) runs with `site` and the same path; so does
-    `sys.executable`, the venv's interpreter, though `sys.prefix` is its base's (site sets it)."""
+    starts (Ray's daemons, the engine's ranks) runs with `site` and the same path. Its
+    `sys.executable` is the venv's interpreter; its `sys.prefix` the base's (`site` sets it)."""
     # The nodes run the lab code that made them (a checkout's, not an installed copy's).
     code = f"{site}:{Path(__file__).resolve().parents[1]}"
     real = REAL_ENV_GLOB % sys.version_info[:2]

@@ -31,8 +31,10 @@ def _script(tmp_path: Path, name: str, text: str) -> Path:
 def test_a_probe_answers_alike_with_and_without_the_shell(tmp_path: Path) -> None:
     _script(tmp_path, "dies", "#!/bin/sh\necho before\nkill -TERM $$\n")
     _script(tmp_path, "bare", "echo from a script without an interpreter line\n")
+    _script(tmp_path, "parent", "#!/bin/sh\ncat /proc/$PPID/comm\n")
     probes = {"plain": "echo plain words", "quoted": "printf '%s|' a 'b c'", "missing": "no-such-tool-9 --x",
-              "signal": "dies", "bare": "bare", "piped": "echo x | tr x y", "slow": "sleep 5"}
+              "signal": "dies", "bare": "bare", "piped": "echo x | tr x y", "slow": "sleep 5",
+              "parent": "parent", "parent-in-a-shell": "parent ; :"}
     direct = _gather(probes, tmp_path, timeout=0.5)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     shell = {}  # what the shell alone answers (the gatherer's way for every probe before)
@@ -47,5 +49,6 @@ def test_a_probe_answers_alike_with_and_without_the_shell(tmp_path: Path) -> Non
     assert direct["bare"]["out"] == "from a script without an interpreter line\n"
     assert direct["piped"]["out"] == "y\n"
     assert direct["slow"]["rc"] == 124
+    assert direct["parent"]["out"] != "sh\n" and direct["parent-in-a-shell"]["out"] == "sh\n"  # no shell
     assert direct == {**direct, **shell}
 

@@ -244,14 +244,14 @@ def nvidia_smi(ctx: Ctx, argv: list[str]) -> int:
             "NVSMI also provides several management operations for changing the device state.\n\n"
             "Usage: nvidia-smi [OPTION1 [ARG1]] [OPTION2 [ARG2]] ...")
         return 0
-    forget_ended(ctx)
-    # Kept (memo.py) only where the answer is the state's and the arguments' alone: no process
-    # holds the GPU (its pid is looked up live), no stuck driver waited on (the answer would be
-    # of the state after it), no clock (the table, -q, a timestamp field).
+    # Kept (memo.py) only where the answer is the state's and the arguments' alone, the state the
+    # wrapper read: no process holds the GPU (its pid is looked up live, and forgetting an ended
+    # one changes the state), no stuck driver waited on, no clock (the table, -q, a timestamp).
     fields = {ALIASES.get(f.strip(), f.strip()) for f in opts.get("query-gpu", "").split(",")}
     ctx.keep = (not ctx.state["memory"]["consumers"] and not ctx.state["driver"].get("hung")
-                and ("help" in opts or "list" in opts or "query-compute-apps" in opts
+                and ("list" in opts or "query-compute-apps" in opts
                      or ("query-gpu" in opts and "timestamp" not in fields)))
+    forget_ended(ctx)
     _hang_while_stuck(ctx)
     state = ctx.state
     failed = driver_error(state)

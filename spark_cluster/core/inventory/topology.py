@@ -89,7 +89,7 @@ def pinged(inventory: Inventory) -> tuple[Hop, ...]:
     """The hops `check` pings. On a pair or a ring every one, each way. On a switch of more than
     two each node pings the next in file order (the last the first) over every rail: each port
     sends and answers a jumbo frame through the switch with n pings a rail where every pair would
-    take n*(n-1) (480 processes on 16 nodes, a third of the check's CPU there). A fault of one
+    take n*(n-1) (480 pings on 16 nodes, each with its shell: a fifth of the check's CPU there). A fault of one
     pair alone (a firewall between two nodes) is linktest's, which proves every pair."""
     nodes = inventory.nodes
     if inventory.cluster.topology != "switch" or len(nodes) <= 2:
