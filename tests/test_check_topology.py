@@ -23,19 +23,22 @@ RING = {  # node -> [(interface, hca, address, peer)]
 }
 
 
-def _inventory_text() -> str:
+def _inventory_text(topology: str, cabling: dict[str, list[tuple[str, str, str, str | None]]]) -> str:
+    """sim.yaml with these nodes: node -> [(interface, hca, address, peer or None)]."""
     text = SIM.read_text()
     head, _, rest = text.partition("nodes:\n")
     model = rest[rest.index("model:"):]
     nodes = []
-    for i, (name, rails) in enumerate(RING.items()):
+    for i, (name, rails) in enumerate(cabling.items()):
         nodes += [f"  - name: {name}", f"    address: 10.117.0.{11 + i}", "    user: nvidia", "    port: 22",
                   f"    role: {'head' if i == 0 else 'worker'}", "    link:", "      mtu: 9000", "      rails:"]
-        nodes += [f"        - {{interface: {f}, hca: {h}, address: {a}, peer: {p}}}" for f, h, a, p in rails]
-    return head.replace("cluster:\n", "cluster:\n  topology: ring\n", 1) + "nodes:\n" + "\n".join(nodes) + "\n" + model
+        nodes += [f"        - {{interface: {f}, hca: {h}, address: {a}" + (f", peer: {p}}}" if p else "}")
+                  for f, h, a, p in rails]
+    return (head.replace("cluster:\n", f"cluster:\n  topology: {topology}\n", 1) + "nodes:\n" + "\n".join(nodes)
+            + "\n" + model)
 
 
-INVENTORY = parse_inventory(_inventory_text(), SIM)
+INVENTORY = parse_inventory(_inventory_text("ring", RING), SIM)
 
 
 def _raw(name: str, index: int, cut: str | None = None) -> dict[str, Any]:
@@ -92,16 +95,9 @@ def test_a_ring_cable_out_is_named_on_both_its_ends_and_nowhere_else() -> None:
 
 
 def test_each_node_of_a_switch_pings_the_next_over_each_rail_not_every_node() -> None:
-    text = SIM.read_text()
-    head, _, rest = text.partition("nodes:\n")
-    nodes = []
-    for i in range(5):
-        nodes += [f"  - name: s{i}", f"    address: 10.117.0.{11 + i}", "    user: nvidia", "    port: 22",
-                  f"    role: {'head' if i == 0 else 'worker'}", "    link:", "      mtu: 9000", "      rails:",
-                  f"        - {{interface: enp1s0f1np1, hca: rocep1s0f1, address: 192.168.100.{10 + i}/24}}",
-                  f"        - {{interface: enP2p1s0f1np1, hca: roceP2p1s0f1, address: 192.168.101.{10 + i}/24}}"]
-    switch = parse_inventory(head.replace("cluster:\n", "cluster:\n  topology: switch\n", 1) + "nodes:\n"
-                             + "\n".join(nodes) + "\n" + rest[rest.index("model:"):], SIM)
+    switch = parse_inventory(_inventory_text("switch", {
+        f"s{i}": [("enp1s0f1np1", "rocep1s0f1", f"192.168.100.{10 + i}/24", None),
+                  ("enP2p1s0f1np1", "roceP2p1s0f1", f"192.168.101.{10 + i}/24", None)] for i in range(5)}), SIM)
     pings = {spec.name: sorted(p.name for p in probes_for(switch, spec) if p.name.startswith("ping:"))
              for spec in switch.nodes}
     assert pings["s0"] == ["ping:enP2p1s0f1np1:s1", "ping:enp1s0f1np1:s1"]

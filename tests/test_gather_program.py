@@ -13,10 +13,14 @@ from spark_cluster.core.facts.gather import gather_command
 from spark_cluster.core.facts.base import Probe
 
 
+def _env(tmp_path: Path) -> dict[str, str]:
+    """The test's scripts first on the PATH."""
+    return {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+
 def _gather(probes: dict[str, str], tmp_path: Path, timeout: float = 10) -> dict[str, dict[str, object]]:
     command = gather_command([Probe(name, text, timeout) for name, text in probes.items()])
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=_env(tmp_path), timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["probes"]
 
@@ -36,10 +40,10 @@ def test_a_probe_answers_alike_with_and_without_the_shell(tmp_path: Path) -> Non
               "signal": "dies", "bare": "bare", "piped": "echo x | tr x y", "slow": "sleep 5",
               "parent": "parent", "parent-in-a-shell": "parent ; :"}
     direct = _gather(probes, tmp_path, timeout=0.5)
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     shell = {}  # what the shell alone answers (the gatherer's way for every probe before)
     for name in ("plain", "signal", "bare", "missing"):
-        done = subprocess.run(["/bin/sh", "-c", probes[name]], capture_output=True, text=True, env=env, timeout=10)
+        done = subprocess.run(["/bin/sh", "-c", probes[name]], capture_output=True, text=True, env=_env(tmp_path),
+                              timeout=10)
         rc = done.returncode if done.returncode >= 0 else 128 - done.returncode
         shell[name] = {"rc": rc, "out": done.stdout, "err": done.stderr}
     assert direct["plain"] == {"rc": 0, "out": "plain words\n", "err": ""}
@@ -51,4 +55,3 @@ def test_a_probe_answers_alike_with_and_without_the_shell(tmp_path: Path) -> Non
     assert direct["slow"]["rc"] == 124
     assert direct["parent"]["out"] != "sh\n" and direct["parent-in-a-shell"]["out"] == "sh\n"  # no shell
     assert direct == {**direct, **shell}
-

@@ -154,10 +154,14 @@ def _csv(header: list[str], rows: list[list[str]], options: set[str]) -> str:
     return "\n".join(lines + [", ".join(r) for r in rows])
 
 
+def _fields(spec: str) -> list[tuple[str, str]]:
+    """--query-gpu's fields as given, each with its canonical name."""
+    return [(f, ALIASES.get(f, f)) for f in (f.strip() for f in spec.split(",")) if f]
+
+
 def query_gpu(state: dict[str, Any], spec: str, options: set[str]) -> tuple[str, int]:
     header, row = [], []
-    for field in [f.strip() for f in spec.split(",") if f.strip()]:
-        canonical = ALIASES.get(field, field)
+    for field, canonical in _fields(spec):
         if canonical not in FIELDS:
             return f'Field "{field}" is not a valid field to query.', 2
         unit, get = FIELDS[canonical]
@@ -247,10 +251,10 @@ def nvidia_smi(ctx: Ctx, argv: list[str]) -> int:
     # Kept (memo.py) only where the answer is the state's and the arguments' alone, the state the
     # wrapper read: no process holds the GPU (its pid is looked up live, and forgetting an ended
     # one changes the state), no stuck driver waited on, no clock (the table, -q, a timestamp).
-    fields = {ALIASES.get(f.strip(), f.strip()) for f in opts.get("query-gpu", "").split(",")}
     ctx.keep = (not ctx.state["memory"]["consumers"] and not ctx.state["driver"].get("hung")
                 and ("list" in opts or "query-compute-apps" in opts
-                     or ("query-gpu" in opts and "timestamp" not in fields)))
+                     or ("query-gpu" in opts
+                         and "timestamp" not in {canonical for _, canonical in _fields(opts["query-gpu"])})))
     forget_ended(ctx)
     _hang_while_stuck(ctx)
     state = ctx.state
