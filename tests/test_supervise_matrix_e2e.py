@@ -328,6 +328,28 @@ def clusters(lab: Path) -> Iterator[Clusters]:
 
 # --- the matrix --------------------------------------------------------------------------------
 
+def test_status_names_the_link_when_both_rails_are_down(clusters: Clusters) -> None:
+    """Both rails off on spark-b while serving: `status` says what blocks serving (not
+    'healthy', as it did while a request hung), exit 1; supervise waits for the cable. First in
+    the module: the matrix's first cluster is this one, brought up once for both."""
+    cluster = clusters.get("emulator-2")
+    mark = len(cluster.sup.events)
+    assert cli("lab", "break", "spark-b", "link-down").returncode == 0
+    try:
+        status = cli("status", str(cluster.inventory), "--json")
+        verdict = json.loads(status.stdout)["verdict"]
+        assert status.returncode == 1 and (verdict["state"], verdict["cause"]) == ("blocked", "link-down"), verdict
+        assert verdict["node"] in ("spark-a", "spark-b") and "no carrier on enp1s0f1np1, enP2p1s0f1np1" in \
+            verdict["evidence"][0]
+        shown = cli("status", str(cluster.inventory))
+        assert shown.returncode == 1 and shown.stdout.rstrip().endswith(f"blocked on {verdict['node']}: link-down")
+        cluster.sup.wait_for(lambda e: e["event"] == "waiting" and e.get("cause") == "link-down", 30, after=mark)
+    finally:
+        assert cli("lab", "heal", "spark-b").returncode == 0
+    cluster.sup.wait_for(lambda e: e["event"] == "serving", 300, after=mark)
+    assert cli("status", str(cluster.inventory)).returncode == 0
+
+
 @pytest.mark.parametrize(("key", "scenario"), MATRIX)
 def test_supervise_fault_matrix(clusters: Clusters, key: str, scenario: Scenario) -> None:
     cluster = clusters.get(key)
@@ -367,24 +389,3 @@ def test_supervise_fault_matrix(clusters: Clusters, key: str, scenario: Scenario
     # each node runs its vLLM again
     assert all(any("vllm.entrypoints.cli.main serve" in line for line in procs.values())
                for procs in after.values()), after
-
-
-def test_status_names_the_link_when_both_rails_are_down(clusters: Clusters) -> None:
-    """Both rails off on spark-b while serving: `status` says what blocks serving (not
-    'healthy', as it did while a request hung), exit 1; supervise waits for the cable."""
-    cluster = clusters.get("emulator-2")
-    mark = len(cluster.sup.events)
-    assert cli("lab", "break", "spark-b", "link-down").returncode == 0
-    try:
-        status = cli("status", str(cluster.inventory), "--json")
-        verdict = json.loads(status.stdout)["verdict"]
-        assert status.returncode == 1 and (verdict["state"], verdict["cause"]) == ("blocked", "link-down"), verdict
-        assert verdict["node"] in ("spark-a", "spark-b") and "no carrier on enp1s0f1np1, enP2p1s0f1np1" in \
-            verdict["evidence"][0]
-        shown = cli("status", str(cluster.inventory))
-        assert shown.returncode == 1 and shown.stdout.rstrip().endswith(f"blocked on {verdict['node']}: link-down")
-        cluster.sup.wait_for(lambda e: e["event"] == "waiting" and e.get("cause") == "link-down", 30, after=mark)
-    finally:
-        assert cli("lab", "heal", "spark-b").returncode == 0
-    cluster.sup.wait_for(lambda e: e["event"] == "serving", 300, after=mark)
-    assert cli("status", str(cluster.inventory)).returncode == 0

@@ -1,59 +1,125 @@
 """Runs the fact probes of one node at the same time and prints their answers as one JSON object.
 
-    python3 -I -S gather.py '[[NAME, COMMAND, TIMEOUT], ...]'
+    python3 -I -S gather.py NAME COMMAND TIMEOUT [NAME COMMAND TIMEOUT ...]
     -> {"probes": {NAME: {"rc", "out", "err"}}}
 
-Probes run in threads so a slow one does not delay the others. Each probe is a process group
-of its own: at its timeout the whole group is killed, so no child of its shell keeps the pipes
-(and with them the whole gathering) open.
+Every probe starts at once, each a session of its own; one loop reads all their pipes. At a
+probe's timeout its whole session is killed, so no child of its shell keeps the pipes (and with
+them the whole gathering) open: rc 124.
 
 A probe of plain words (no quote, no shell syntax) whose program is on PATH runs without a
 shell, answering as the shell would (its argv[0] as written; death by signal N: 128+N and the
 signal's name on stderr); any other goes through /bin/sh, whose words for a missing program
-the checks read. Of the three dozen probes most are plain: a shell each was a tenth of a
-node's work in a `check`.
+the checks read.
+
+It runs on every node at every `check`, so it starts as little as it can: no thread, and of the
+standard library only built-in modules. json, subprocess and signal import re and enum, twice
+what the interpreter's own start costs: the one object it prints is written here (strings
+escaped as JSON requires), the processes are started by os.posix_spawn, and the signal's name
+comes from _signal, signal's own core.
 """
-import json, os, re, signal, subprocess, sys, threading
-probes = json.loads(sys.argv[1])
-out = {}
-PLAIN = re.compile(r"[A-Za-z0-9_./=:,+%@-]+")
+import os, sys, time, select, _signal
+ESCAPES = {i: "\\u%04x" % i for i in range(32)}
+ESCAPES.update({34: '\\"', 92: "\\\\"})
+PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=:,+%@-")
+# Python ignores these; a child gets them back as Popen would give them (a pipeline's writer dies of SIGPIPE).
+RESTORED = (_signal.SIGPIPE, _signal.SIGXFSZ)
 PATH = [d for d in os.environ.get("PATH", "").split(":") if d]
 def program(command):
     """The program a plain probe runs and its words, else None."""
     words = command.split(" ")
-    if all(PLAIN.fullmatch(w) for w in words) and "=" not in words[0]:
+    if all(w and PLAIN.issuperset(w) for w in words) and "=" not in words[0]:
         for d in ([""] if "/" in words[0] else PATH):
             path = os.path.join(d, words[0])
             if os.access(path, os.X_OK) and not os.path.isdir(path):
                 return path, words
     return None
-def start(path, args):
-    return subprocess.Popen(args, executable=path, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-def run(name, command, timeout):
+def spawn(path, args):
+    """pid, stdout and stderr's read ends: stdin /dev/null, a session of its own."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
+        pid = os.posix_spawn(path, args, os.environ, setsid=True, setsigdef=RESTORED, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+    except OSError:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return pid, out_r, err_r
+class Probe:
+    def __init__(self, name, command, timeout):
+        self.name, self.deadline, self.answer = name, time.monotonic() + float(timeout), None
+        self.timeout, self.chunks, self.open = timeout, {}, {}
         try:
-            p = start(*(program(command) or ("/bin/sh", ["/bin/sh", "-c", command])))
-        except OSError:  # a script without #! (the shell runs it), gone since it was found ...
-            p = start("/bin/sh", ["/bin/sh", "-c", command])
-    except OSError as e:
-        out[name] = {"rc": 127, "out": "", "err": str(e)}
-        return
-    try:
-        stdout, stderr = p.communicate(timeout=timeout)
-        err = stderr.decode("utf-8", "replace")
-        if p.returncode < 0:  # what the shell adds: `Segmentation fault`, 139
-            err += "%s\n" % (signal.strsignal(-p.returncode) or "Signal %d" % -p.returncode)
-        out[name] = {"rc": p.returncode if p.returncode >= 0 else 128 - p.returncode,
-                     "out": stdout.decode("utf-8", "replace"), "err": err}
-    except subprocess.TimeoutExpired:
+            try:
+                self.pid, out_r, err_r = spawn(*(program(command) or ("/bin/sh", ["/bin/sh", "-c", command])))
+            except OSError:  # a script without #! (the shell runs it), gone since it was found ...
+                self.pid, out_r, err_r = spawn("/bin/sh", ["/bin/sh", "-c", command])
+        except OSError as e:
+            self.pid, self.answer = None, (127, "", str(e))
+            return
+        self.open = {out_r: "out", err_r: "err"}
+        self.chunks = {"out": [], "err": []}
+    def text(self, which):
+        return b"".join(self.chunks[which]).decode("utf-8", "replace")
+    def reap(self, block):
+        """Its answer once it has exited and closed its pipes."""
+        if self.answer is None and not self.open:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            if pid:
+                code, err = os.waitstatus_to_exitcode(status), self.text("err")
+                if code < 0:  # what the shell adds: `Segmentation fault`, 139
+                    err += "%s\n" % (_signal.strsignal(-code) or "Signal %d" % -code)
+                self.answer = (code if code >= 0 else 128 - code, self.text("out"), err)
+    def kill(self):
         try:
-            os.killpg(p.pid, signal.SIGKILL)
+            os.killpg(self.pid, _signal.SIGKILL)
         except OSError:
             pass
-        p.communicate()
-        out[name] = {"rc": 124, "out": "", "err": "timed out after %ss" % timeout}
-threads = [threading.Thread(target=run, args=p) for p in probes]
-for t in threads: t.start()
-for t in threads: t.join()
-json.dump({"probes": out}, sys.stdout)
+        for fd in self.open:
+            os.close(fd)
+        self.open = {}
+        os.waitpid(self.pid, 0)
+        self.answer = (124, "", "timed out after %ss" % self.timeout)
+args = sys.argv[1:]
+probes = [Probe(*args[i:i + 3]) for i in range(0, len(args), 3)]
+readers = {fd: p for p in probes for fd in p.open}
+poller = select.poll()
+for fd in readers:
+    poller.register(fd, select.POLLIN)
+while True:
+    waiting = [p for p in probes if p.answer is None]
+    if not waiting:
+        break
+    now = time.monotonic()
+    for p in waiting:
+        if now >= p.deadline:
+            for fd in p.open:
+                poller.unregister(fd)
+                del readers[fd]
+            p.kill()
+    # A probe whose pipes closed but which has not exited yet is looked at again soon.
+    lingering = any(p.answer is None and not p.open for p in waiting)
+    soonest = min([p.deadline for p in waiting if p.answer is None] or [now])
+    timeout = min(max(soonest - now, 0), 0.01 if lingering else 3600)
+    for fd, _ in poller.poll(timeout * 1000):
+        p = readers[fd]
+        data = os.read(fd, 65536)
+        if data:
+            p.chunks[p.open[fd]].append(data)
+        else:
+            poller.unregister(fd)
+            del readers[fd], p.open[fd]
+            os.close(fd)
+            p.reap(block=False)
+    for p in waiting:
+        p.reap(block=False)
+def quoted(text):
+    return '"' + text.translate(ESCAPES) + '"'
+answers = ", ".join("%s: {\"rc\": %d, \"out\": %s, \"err\": %s}" % (quoted(p.name), p.answer[0], quoted(p.answer[1]),
+                                                                   quoted(p.answer[2])) for p in probes)
+sys.stdout.buffer.write(('{"probes": {%s}}' % answers).encode("utf-8", "surrogateescape"))
