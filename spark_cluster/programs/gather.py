@@ -66,10 +66,10 @@ class Probe:
         self.chunks = {"out": [], "err": []}
     def text(self, which):
         return b"".join(self.chunks[which]).decode("utf-8", "replace")
-    def reap(self, block):
+    def reap(self):
         """Its answer once it has exited and closed its pipes."""
         if self.answer is None and not self.open:
-            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 code, err = os.waitstatus_to_exitcode(status), self.text("err")
                 if code < 0:  # what the shell adds: `Segmentation fault`, 139
@@ -83,7 +83,9 @@ class Probe:
         for fd in self.open:
             os.close(fd)
         self.open = {}
-        os.waitpid(self.pid, 0)
+        # Not waited for: a process stuck in the kernel (a hung driver's D state) dies only when
+        # it leaves it; the answer is the timeout either way, and init reaps what is left.
+        os.waitpid(self.pid, os.WNOHANG)
         self.answer = (124, "", "timed out after %ss" % self.timeout)
 args = sys.argv[1:]
 probes = [Probe(*args[i:i + 3]) for i in range(0, len(args), 3)]
@@ -115,9 +117,9 @@ while True:
             poller.unregister(fd)
             del readers[fd], p.open[fd]
             os.close(fd)
-            p.reap(block=False)
+            p.reap()
     for p in waiting:
-        p.reap(block=False)
+        p.reap()
 def quoted(text):
     return '"' + text.translate(ESCAPES) + '"'
 answers = ", ".join("%s: {\"rc\": %d, \"out\": %s, \"err\": %s}" % (quoted(p.name), p.answer[0], quoted(p.answer[1]),
