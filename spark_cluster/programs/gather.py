@@ -76,13 +76,11 @@ class Probe:
                     err += "%s\n" % (_signal.strsignal(-code) or "Signal %d" % -code)
                 self.answer = (code if code >= 0 else 128 - code, self.text("out"), err)
     def kill(self):
+        """Its whole session killed, once its pipes are dropped: the answer is the timeout."""
         try:
             os.killpg(self.pid, _signal.SIGKILL)
         except OSError:
             pass
-        for fd in self.open:
-            os.close(fd)
-        self.open = {}
         # Not waited for: a process stuck in the kernel (a hung driver's D state) dies only when
         # it leaves it; the answer is the timeout either way, and init reaps what is left.
         os.waitpid(self.pid, os.WNOHANG)
@@ -93,6 +91,11 @@ readers = {fd: p for p in probes for fd in p.open}
 poller = select.poll()
 for fd in readers:
     poller.register(fd, select.POLLIN)
+def drop(fd):
+    """One pipe no longer read: at its end, or its probe's timeout."""
+    poller.unregister(fd)
+    del readers.pop(fd).open[fd]
+    os.close(fd)
 while True:
     waiting = [p for p in probes if p.answer is None]
     if not waiting:
@@ -100,9 +103,8 @@ while True:
     now = time.monotonic()
     for p in waiting:
         if now >= p.deadline:
-            for fd in p.open:
-                poller.unregister(fd)
-                del readers[fd]
+            for fd in list(p.open):
+                drop(fd)
             p.kill()
     # A probe whose pipes closed but which has not exited yet is looked at again soon.
     lingering = any(p.answer is None and not p.open for p in waiting)
@@ -114,11 +116,8 @@ while True:
         if data:
             p.chunks[p.open[fd]].append(data)
         else:
-            poller.unregister(fd)
-            del readers[fd], p.open[fd]
-            os.close(fd)
-            p.reap()
-    for p in waiting:
+            drop(fd)
+    for p in waiting:  # those whose pipes closed, the one just now among them
         p.reap()
 def quoted(text):
     return '"' + text.translate(ESCAPES) + '"'
