@@ -129,3 +129,30 @@ def test_a_headless_node_s_vllm_is_stopped_whole_and_the_head_s_by_its_leader() 
     whole, by_leader = 'pkill -TERM -s "$sid" 2>/dev/null; pkill -CONT', 'then kill -TERM "$sid"'
     assert whole in one(False) and by_leader not in one(False)
     assert by_leader in one(True) and whole not in one(True)
+    again = '>/dev/null && kill -TERM "$sid"'  # the head's API server alone gets a second TERM
+    assert again in one(True) and again not in one(False)
+
+
+def test_a_leader_waiting_after_its_term_gets_a_second_and_only_one(tmp_path: Path) -> None:
+    """As vLLM's API server whose engine failed as it started: the first TERM leaves it waiting,
+    the second ends it, long before the grace's KILL; a leader that outlives both is KILLed."""
+    import threading
+    import time
+
+    counted = tmp_path / "terms"
+    script = (f"trap 'echo term >> {counted}; [ $(wc -l < {counted}) -ge 2 ] && exit 0' TERM; "
+              "while :; do sleep 0.1; done")
+    for stubborn, at_least, at_most in ((False, 1.0, 10.0), (True, 3.0, 15.0)):
+        counted.write_text("")
+        leader = subprocess.Popen(["setsid", "sh", "-c", script.replace("-ge 2", "-ge 9") if stubborn else script])
+        threading.Thread(target=leader.wait, daemon=True).start()  # reaped as it ends, as init would
+        (tmp_path / "vllm.pid").write_text(f"{leader.pid} {BOOT} {start_time(leader.pid)}\n")
+        began = time.monotonic()
+        done = subprocess.run(["sh", "-c", stop_session_command(str(tmp_path), "vllm.pid", 3.0, term_again_s=1.0)],
+                              capture_output=True, text=True)
+        took = time.monotonic() - began
+        leader.wait(timeout=10)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert counted.read_text().split() == ["term", "term"], counted.read_text()
+        assert at_least <= took < at_most and (leader.returncode == -9) == stubborn, (took, leader.returncode)
+        assert not (tmp_path / "vllm.pid").exists()

@@ -37,8 +37,17 @@ def _until_gone(seconds: float) -> str:
     return f"for i in $(seq {int(seconds / 0.2)}); do pgrep -s \"$sid\" >/dev/null || break; sleep 0.2; done; "
 
 
+def _waits(grace_s: float, term_again_s: float | None) -> str:
+    if term_again_s is None or term_again_s >= grace_s:
+        return _until_gone(grace_s)
+    # While any of the session lives, its id names no other process (a zombie leader ignores it).
+    return (_until_gone(term_again_s) + "pgrep -s \"$sid\" >/dev/null && kill -TERM \"$sid\" 2>/dev/null; "
+            + _until_gone(grace_s - term_again_s))
+
+
 def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
-                         also_remove: tuple[str, ...] = (), whole: bool = False) -> str:
+                         also_remove: tuple[str, ...] = (), whole: bool = False,
+                         term_again_s: float | None = None) -> str:
     """Shell that TERMs, then KILLs, the session whose id is in `directory`/`pid_file`.
 
     The TERM goes to the session's leader (the pid in the file) while it lives: `ray start
@@ -47,7 +56,10 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
     a leader, or with `whole`, the whole session gets it: a headless vLLM node's leader waits
     5 s for its workers to leave on their own, then TERMs them and waits 4 s more (they wait on
     the head, which is gone), where a worker TERMed itself leaves at once. What is left after
-    `grace_s` is KILLed.
+    `grace_s` is KILLed. With `term_again_s`, a leader still there that long after its TERM gets a
+    second one: vLLM's API server TERMed while its engine starts (or after the engine failed) sees
+    its engine go, then waits on it for good; a second TERM ends that wait, as a second Ctrl-C does
+    (a lab node's left 3 s after it, where the KILL came at 20 s; a serving one has left by then).
 
     `directory` is a shell word (see shell.remote_path); file names are plain words.
     Exits 0 when none of the session is left (or there was none), 1 naming what is left.
@@ -66,7 +78,7 @@ def stop_session_command(directory: str, pid_file: str, grace_s: float = 20.0,
         f"if [ -z \"$sid\" ]; then rm -f {removed}; exit 0; fi; {term}"
         # A stopped process (a rank frozen by SIGSTOP) holds its TERM until continued.
         "pkill -CONT -s \"$sid\" 2>/dev/null; "
-        + _until_gone(grace_s) +
+        + _waits(grace_s, term_again_s) +
         # A KILLed process lingers until its parent or init reaps it: seconds on a loaded node.
         "pkill -KILL -s \"$sid\" 2>/dev/null; "
         + _until_gone(5.0) +
