@@ -49,7 +49,7 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[lab,plots,test]'
 # An editable install leaves the package's bytecode to its first import, which is never written
 # under PYTHONDONTWRITEBYTECODE, nor by the lab's login user in this root-owned checkout: each
-# start compiled the modules it imports again (0.1 s of a 0.6 s `spark-cluster` call). Compiled
+# start compiled the modules it imports again (0.05-0.1 s of each `spark-cluster` call). Compiled
 # once here, as pip does for a wheel; Python recompiles a module whose source changed.
 .venv/bin/python -m compileall -q -j 0 spark_cluster spark_cluster_lab >/dev/null
 echo "installed: $(.venv/bin/spark-cluster --version)"

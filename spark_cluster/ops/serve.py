@@ -23,8 +23,8 @@ RECORD = "vllm.json"  # beside the head's log: what the running vLLM was started
 # vLLM's command line in our container: `vllm serve` (the image's script) or `python -m
 # vllm.entrypoints.cli.main serve`.
 IN_CONTAINER = r"vllm(\.entrypoints\.cli\.main)? serve "
-# A head's API server still there this long after its TERM gets another: a healthy one has left
-# (a lab node's in 1-3 s), one whose engine failed as it started waits on it until the second.
+# A head's API server still there this long after its TERM gets another: a serving one has left
+# (a lab node's within 1 s), one whose engine failed as it started waits on it until the second.
 TERM_AGAIN_S = 5.0
 
 
@@ -112,8 +112,8 @@ def stop_command(command: NodeCommand, grace_s: float = 20.0, pattern: str = IN_
     record = (RECORD,) if command.is_head else ()
     # A headless node's ranks are TERMed with their leader: left to it, they get 9 s more (they
     # wait on a head that is gone). The head's API server takes its own down in order.
-    session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record,
-                                   whole=not command.is_head, term_again_s=TERM_AGAIN_S if command.is_head else None)
+    session = stop_session_command(_dir(command), "vllm.pid", grace_s, also_remove=record, whole=not command.is_head,
+                                   term_again_s=TERM_AGAIN_S if command.is_head else None)
     if command.container is None:
         return session
     # Python because the image has it for vLLM, while procps (pkill) it may lack.
