@@ -139,13 +139,17 @@ def test_a_leader_waiting_after_its_term_gets_a_second_and_only_one(tmp_path: Pa
     import threading
     import time
 
-    counted = tmp_path / "terms"
+    counted, ready = tmp_path / "terms", tmp_path / "ready"
     script = (f"trap 'echo term >> {counted}; [ $(wc -l < {counted}) -ge 2 ] && exit 0' TERM; "
-              "while :; do sleep 0.1; done")
+              f": > {ready}; while :; do sleep 0.1; done")
     for stubborn, at_least, at_most in ((False, 1.0, 10.0), (True, 3.0, 15.0)):
         counted.write_text("")
+        ready.unlink(missing_ok=True)
         leader = subprocess.Popen(["setsid", "sh", "-c", script.replace("-ge 2", "-ge 9") if stubborn else script])
         threading.Thread(target=leader.wait, daemon=True).start()  # reaped as it ends, as init would
+        deadline = time.monotonic() + 5
+        while not ready.exists() and time.monotonic() < deadline:  # its trap is set
+            time.sleep(0.02)
         (tmp_path / "vllm.pid").write_text(f"{leader.pid} {BOOT} {start_time(leader.pid)}\n")
         began = time.monotonic()
         done = subprocess.run(["sh", "-c", stop_session_command(str(tmp_path), "vllm.pid", 3.0, term_again_s=1.0)],
