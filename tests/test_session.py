@@ -140,12 +140,13 @@ def test_a_leader_waiting_after_its_term_gets_a_second_and_only_one(tmp_path: Pa
     import time
 
     counted, ready = tmp_path / "terms", tmp_path / "ready"
-    script = (f"trap 'echo term >> {counted}; [ $(wc -l < {counted}) -ge 2 ] && exit 0' TERM; "
-              f": > {ready}; while :; do sleep 0.1; done")
-    for stubborn, at_least, at_most in ((False, 1.0, 10.0), (True, 3.0, 15.0)):
+    for ends_at, at_least, at_most in ((2, 1.0, 10.0), (9, 3.0, 15.0)):  # the TERM it leaves at
+        stubborn = ends_at > 2
         counted.write_text("")
         ready.unlink(missing_ok=True)
-        leader = subprocess.Popen(["setsid", "sh", "-c", script.replace("-ge 2", "-ge 9") if stubborn else script])
+        script = (f"trap 'echo term >> {counted}; [ $(wc -l < {counted}) -ge {ends_at} ] && exit 0' TERM; "
+                  f": > {ready}; while :; do sleep 0.1; done")
+        leader = subprocess.Popen(["setsid", "sh", "-c", script])
         threading.Thread(target=leader.wait, daemon=True).start()  # reaped as it ends, as init would
         deadline = time.monotonic() + 5
         while not ready.exists() and time.monotonic() < deadline:  # its trap is set
