@@ -31,9 +31,15 @@ LAB_MARKS = [
 
 
 def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`spark-cluster ARGS` in a process of its own, no terminal, nothing on stdin."""
-    return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    """`spark-cluster ARGS` in a process of its own, no terminal, nothing on stdin. One that outlives
+    `timeout` fails the test with the end of what it said (where it waited), not subprocess's repr."""
+    try:
+        return subprocess.run([sys.executable, "-m", "spark_cluster", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired as exc:
+        out, err = (b.decode(errors="replace") if isinstance(b, bytes) else (b or "") for b in (exc.output, exc.stderr))
+        raise AssertionError(f"`spark-cluster {' '.join(args)}` still ran after {timeout:.0f} s; the end of its "
+                             f"stdout:\n{out[-3000:]}\nand of its stderr:\n{err[-3000:]}") from None
 
 
 def with_env(text: str, **knobs: str) -> str:

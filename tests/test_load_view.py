@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +15,7 @@ from spark_cluster.ui.load_view import LoadView, clock
 from spark_cluster.core.vllm_log import Tracker
 from spark_cluster.ops import follow as follow_module
 from spark_cluster.ops.follow import Progress, node_of, note_event
+from spark_cluster.ops.serve import ServeError
 from spark_cluster.transport.remote import Fleet
 
 NODES = {"192.168.100.10": "spark-a", "192.168.100.11": "spark-b"}
@@ -280,3 +283,59 @@ def test_phases_read_in_a_failures_burst_are_announced(monkeypatch: pytest.Monke
     assert [d["phase"] for e, d in events.seen if e == "phase"] == [
         "engine-args", "workers", "weights", "kv-cache", "api-server", "ready"]
     assert head.calls == 5  # the burst was read (two reads alike), then one poll each
+
+
+class _Hung(BaseHTTPRequestHandler):
+    """A vLLM whose API server answers and whose engine never runs the completion asked of it."""
+
+    release = threading.Event()
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = b'{"data": [{"id": "spark-lab/tiny-moe"}]}' if self.path == "/v1/models" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.release.wait(30)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_first_completion_that_never_comes_back_is_said_hung_after_one_ask(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_cluster.ops import readiness as readiness_module
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hung)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(readiness_module, "FIRST_COMPLETION_TIMEOUT_S", 0.5)
+        api = SimpleNamespace(endpoint=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                              served_model_name="spark-lab/tiny-moe", secret_env=())
+        said = readiness_module.readiness(api)  # type: ignore[arg-type]
+        assert said == f"{readiness_module.NO_ANSWER} 0 s", said
+    finally:
+        _Hung.release.set()
+        server.shutdown()
+        server.server_close()
+
+    asked = []
+    lines = _lines(REAL_START.read_text())
+    monkeypatch.setattr(follow_module, "POLL_S", 0.0)
+    monkeypatch.setattr(follow_module, "running", lambda node, command: True)
+    # Asked a third time it would answer: a follow that asks again ends ready, not hung.
+    monkeypatch.setattr(follow_module, "readiness",
+                        lambda plan: asked.append(plan) or (said if len(asked) < 3 else None))
+    monkeypatch.setattr(follow_module, "boot_ids", lambda fleet, workers: {})
+    monkeypatch.setattr(follow_module, "_sample_memory", lambda fleet, progress: None)
+    command = SimpleNamespace(node="spark-a", log_path="~/.cache/spark-cluster/vllm.log", is_head=True)
+    plan = SimpleNamespace(head=command, commands=[command], executor="mp", weights_gib_per_node=None,
+                           served_model_name="spark-lab/tiny-moe")
+    with pytest.raises(ServeError) as raised:
+        head = _GrowingLog(["".join(lines)])
+        follow_module.follow(Fleet([head]), plan, lambda progress: None)  # type: ignore[list-item, arg-type]
+    assert len(asked) == 1  # each ask would wait as long again
+    said_of = raised.value.details
+    assert (said_of["cause"], said_of["node"], said_of["phase"]) == ("hung", "spark-a", "ready"), said_of
+    assert "lists spark-lab/tiny-moe, but no answer" in str(raised.value) and "--restart" in str(raised.value)

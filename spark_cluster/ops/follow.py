@@ -16,7 +16,7 @@ from spark_cluster.core.errors import CommandTimeout, ConnectError, SparkCluster
 from spark_cluster.core.vllm_log import PHASES, Event, State, Tracker, parse_line, track
 from spark_cluster.core.serve_plan import ServePlan
 from spark_cluster.ops.node_loss import SSH_GRACE_S, LostNode, boot_ids, lost_node, ssh_lost
-from spark_cluster.ops.readiness import readiness
+from spark_cluster.ops.readiness import NO_ANSWER, hung, readiness
 from spark_cluster.ops.serve import ServeError, log_file, running
 from spark_cluster.transport.remote import Fleet, Node
 
@@ -88,8 +88,7 @@ class Progress:
                 for n, gib in self.memory_gib.items()}
 
     def as_event(self) -> dict[str, object]:
-        shards = self.shards
-        eta = self.eta_s
+        shards, eta = self.shards, self.eta_s
         return {"phase": self.state.phase, "elapsed": round(self.elapsed, 3),
                 "shards_loaded": shards[0] if shards else None, "shards_total": shards[1] if shards else None,
                 "eta_s": round(eta, 1) if eta is not None else None,
@@ -150,8 +149,7 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
             _raise_cut_rail(fleet, plan, tracker.state, rails)
 
     def failed() -> ServeError:
-        node = failing_node(text, nodes_by_ip, tracker.state.evidence, plan.head.node)
-        return _diagnosis(plan, tracker.state, node)
+        return _diagnosis(plan, tracker.state, failing_node(text, nodes_by_ip, tracker.state.evidence, plan.head.node))
 
     def take(lines: str) -> None:
         # The tracker and the phases' clock see every line alike: a burst read after a harmless
@@ -205,6 +203,8 @@ def follow(fleet: Fleet, plan: ServePlan, on_progress: Callable[[Progress], None
                     progress.phase_times.setdefault("ready", progress.elapsed)
                     on_progress(progress)
                     return progress
+                if problem.startswith(NO_ANSWER):  # asked again, it would wait as long again
+                    raise hung(plan, state.phase, problem)
                 progress.note = problem
             if not running(head, plan.head):
                 tail = head.run(f"tail -n +{lines_done + 1} {log}", timeout=30).stdout

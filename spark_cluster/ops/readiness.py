@@ -7,13 +7,15 @@ import os
 import urllib.error
 import urllib.request
 
-from spark_cluster.ops.serve import api_key
+from spark_cluster.ops.serve import ServeError, api_key
 from spark_cluster.core.serve_plan import ServePlan
 
 HTTP_TIMEOUT_S = 10.0
 # A server's first completion pays its warm-up (kernels, allocator, on CPUs the first GEMMs):
-# waited for once, patiently, rather than timed out and asked again from the start.
+# waited for once, patiently. One that does not come back in that time will not: the caller
+# says hung rather than asking again (each ask would wait as long).
 FIRST_COMPLETION_TIMEOUT_S = 300.0
+NO_ANSWER = "no answer to a one-token chat completion in"
 
 
 def http(url: str, body: dict | None = None, key: str | None = None,
@@ -48,9 +50,22 @@ def readiness(plan: ServePlan) -> str | None:
     code, text = http(f"{plan.endpoint}/chat/completions", {
         "model": plan.served_model_name, "max_tokens": 1,
         "messages": [{"role": "user", "content": "Hi"}]}, key=key, timeout=FIRST_COMPLETION_TIMEOUT_S)
+    if code == 0 and "timed out" in text:
+        return f"{NO_ANSWER} {FIRST_COMPLETION_TIMEOUT_S:.0f} s"
     if code != 200 or '"choices"' not in text:
         return f"a chat completion failed ({code}): {text[:200]}"
     return None
+
+
+def hung(plan: ServePlan, phase: str | None, problem: str) -> ServeError:
+    """What `up` says when vLLM serves /health and lists its model, but a first completion
+    (`problem`, a NO_ANSWER) never came back: its engine runs no forward pass."""
+    next_step = ("read every node's log (`spark-cluster logs INVENTORY --node NODE`): a rank that died or "
+                 "froze is the cause; then `spark-cluster up INVENTORY --restart`")
+    return ServeError(f"{plan.head.node}: vLLM answers /health and lists {plan.served_model_name}, but {problem}: "
+                      f"its engine is hung (it still runs)\n  next step: {next_step}",
+                      cause="hung", node=plan.head.node, phase=phase, evidence=problem,
+                      next_step=next_step, log=plan.head.log_path)
 
 
 def unauthorized_hint(plan: ServePlan) -> str:
