@@ -286,9 +286,10 @@ def test_phases_read_in_a_failures_burst_are_announced(monkeypatch: pytest.Monke
 
 
 class _Hung(BaseHTTPRequestHandler):
-    """A vLLM whose API server answers and whose engine never runs the completion asked of it."""
+    """A vLLM whose API server answers and whose engine never runs the completion asked of it
+    (until `release`, each server's own: set, it would answer at once)."""
 
-    release = threading.Event()
+    release: threading.Event
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         body = b'{"data": [{"id": "spark-lab/tiny-moe"}]}' if self.path == "/v1/models" else b""
@@ -307,7 +308,8 @@ class _Hung(BaseHTTPRequestHandler):
 def test_a_first_completion_that_never_comes_back_is_said_hung_after_one_ask(monkeypatch: pytest.MonkeyPatch) -> None:
     from spark_cluster.ops import readiness as readiness_module
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hung)
+    handler = type("HungOnce", (_Hung,), {"release": threading.Event()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setattr(readiness_module, "FIRST_COMPLETION_TIMEOUT_S", 0.5)
@@ -316,7 +318,7 @@ def test_a_first_completion_that_never_comes_back_is_said_hung_after_one_ask(mon
         said = readiness_module.readiness(api)  # type: ignore[arg-type]
         assert said == f"{readiness_module.NO_ANSWER} 0 s", said
     finally:
-        _Hung.release.set()
+        handler.release.set()
         server.shutdown()
         server.server_close()
 
